@@ -1,0 +1,560 @@
+# Copyright © 2026 Apple Inc.
+
+import re
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .base import BaseModelArgs
+from .cache import CacheList, CompressorCache, SharedWindowCache
+from .deepseek_v41 import (
+    DeepseekV41SwiGLU,
+    HyperConnection,
+    SharedMLP,
+    _apply_rope,
+    _collapse,
+    _expand,
+    _gather_rows,
+)
+from .rope_utils import YarnRoPE
+from .switch_layers import SwitchGLU, SwitchLinear
+
+SLIDING = "sliding_attention"
+CSA = "compressed_sparse_attention"
+HCA = "heavily_compressed_attention"
+_MLP_TYPES = ("hash_moe", "moe")
+
+
+@dataclass
+class ModelArgs(BaseModelArgs):
+    model_type: str = "deepseek_v4"
+    vocab_size: int = 129280
+    hidden_size: int = 4096
+    num_hidden_layers: int = 43
+    num_attention_heads: int = 64
+    num_key_value_heads: int = 1
+    head_dim: int = 512
+    qk_rope_head_dim: Optional[int] = None
+    partial_rotary_factor: Optional[float] = None
+    q_lora_rank: int = 1024
+    o_groups: int = 8
+    o_lora_rank: int = 1024
+    sliding_window: int = 128
+    moe_intermediate_size: int = 2048
+    n_routed_experts: int = 256
+    n_shared_experts: int = 1
+    num_experts_per_tok: int = 6
+    scoring_func: str = "sqrtsoftplus"
+    routed_scaling_factor: float = 1.5
+    swiglu_limit: float = 10.0
+    hc_mult: int = 4
+    hc_sinkhorn_iters: int = 20
+    hc_eps: float = 1e-6
+    rms_norm_eps: float = 1e-6
+    index_n_heads: int = 64
+    index_head_dim: int = 128
+    index_topk: int = 512
+    rope_theta: float = 10000.0
+    compress_rope_theta: float = 160000.0
+    rope_scaling: Optional[Dict[str, Any]] = None
+    rope_parameters: Optional[Dict[str, Any]] = None
+    max_position_embeddings: int = 1048576
+    # DeepSeek's schema
+    compress_ratios: Optional[List[int]] = None
+    num_hash_layers: Optional[int] = None
+    # The transformers schema
+    layer_types: Optional[List[str]] = None
+    compress_rates: Optional[Dict[str, int]] = None
+    mlp_layer_types: Optional[List[str]] = None
+
+    def __post_init__(self):
+        n = self.num_hidden_layers
+        rates = {CSA: 4, HCA: 128}
+        if self.layer_types is None:
+            if self.compress_ratios is None:
+                raise ValueError(
+                    "The config needs `layer_types` or `compress_ratios` for "
+                    "DeepSeek-V4."
+                )
+            # DeepSeek's code overlaps (and indexes) ratio 4 only; any other
+            # ratio is heavily compressed. The list may end with the MTP layer.
+            ratios = list(self.compress_ratios)
+            if len(ratios) < n or any(int(r) < 0 for r in ratios[:n]):
+                raise ValueError(
+                    f"`compress_ratios` needs {n} ratios of 0 or more, "
+                    f"not {ratios}."
+                )
+            hca = {int(r) for r in ratios[:n] if r and r != 4}
+            if len(hca) > 1:
+                raise ValueError(
+                    f"`compress_ratios` has several HCA ratios {sorted(hca)}."
+                )
+            rates[HCA] = hca.pop() if hca else rates[HCA]
+            self.layer_types = [
+                SLIDING if not r else CSA if r == 4 else HCA for r in ratios[:n]
+            ]
+        else:
+            rates.update(self.compress_rates or {})
+        if set(rates) != {CSA, HCA} or any(
+            not isinstance(r, int) or r < 1 for r in rates.values()
+        ):
+            raise ValueError(
+                f"`compress_rates` needs positive integer rates for {CSA} and "
+                f"{HCA}, not {self.compress_rates}."
+            )
+        self.compress_rates = rates
+        if self.mlp_layer_types is None:
+            hashed = 3 if self.num_hash_layers is None else self.num_hash_layers
+            self.mlp_layer_types = ["hash_moe"] * hashed + ["moe"] * (n - hashed)
+        for name, allowed in (
+            ("layer_types", (SLIDING, CSA, HCA)),
+            ("mlp_layer_types", _MLP_TYPES),
+        ):
+            types = list(getattr(self, name))[:n]
+            if len(types) != n or any(t not in allowed for t in types):
+                raise ValueError(
+                    f"`{name}` needs {n} entries from {allowed}, not "
+                    f"{getattr(self, name)}."
+                )
+            setattr(self, name, types)
+        if self.scoring_func != "sqrtsoftplus":
+            raise ValueError(
+                f"`scoring_func` {self.scoring_func!r} is not supported: "
+                "DeepSeek-V4 routes with 'sqrtsoftplus'."
+            )
+        if self.num_key_value_heads != 1:
+            raise ValueError(
+                "`num_key_value_heads` must be 1: DeepSeek-V4 shares one KV head."
+            )
+        if self.qk_rope_head_dim is None:
+            factor = self.partial_rotary_factor or 64 / 512
+            self.qk_rope_head_dim = int(self.head_dim * factor)
+        params = self.rope_parameters or {}
+        if isinstance(params.get("compress"), dict):
+            self.rope_theta = params["main"].get("rope_theta", self.rope_theta)
+            params = params["compress"]
+            self.compress_rope_theta = params.get(
+                "rope_theta", self.compress_rope_theta
+            )
+        scaling = params or self.rope_scaling or {}
+        if scaling.get("rope_type", scaling.get("type")) != "yarn":
+            scaling = None
+        self.rope_scaling = scaling
+
+
+def _make_rope(args: ModelArgs, compressed: bool) -> YarnRoPE:
+    dims = args.qk_rope_head_dim
+    if not compressed:
+        return YarnRoPE(dims, traditional=True, base=args.rope_theta)
+    scaling = args.rope_scaling
+    if scaling is None:
+        return YarnRoPE(dims, traditional=True, base=args.compress_rope_theta)
+    original = scaling["original_max_position_embeddings"]
+    factor = scaling.get("factor") or args.max_position_embeddings / original
+    # DeepSeek-V4 does not scale the attention (YaRN's mscale is 1).
+    return YarnRoPE(
+        dims,
+        traditional=True,
+        base=args.compress_rope_theta,
+        scaling_factor=factor,
+        original_max_position_embeddings=original,
+        beta_fast=scaling.get("beta_fast") or 32,
+        beta_slow=scaling.get("beta_slow") or 1,
+        mscale=0.0,
+        mscale_all_dim=0.0,
+    )
+
+
+class Compressor(nn.Module):
+    def __init__(self, args: ModelArgs, ratio: int, head_dim: int, overlap: bool):
+        super().__init__()
+        self.ratio = ratio
+        self.head_dim = head_dim
+        self.overlap = overlap
+        self.rope_dim = args.qk_rope_head_dim
+        width = 2 * head_dim if overlap else head_dim
+        self.wkv = nn.Linear(args.hidden_size, width, bias=False)
+        self.wgate = nn.Linear(args.hidden_size, width, bias=False)
+        self.ape = mx.zeros((ratio, width), dtype=mx.float32)
+        self.norm = nn.RMSNorm(head_dim, eps=args.rms_norm_eps)
+
+    def __call__(
+        self, x: mx.array, rope: YarnRoPE, cache: CompressorCache
+    ) -> Optional[mx.array]:
+        """Pool each window of ratio rows that x closes into one entry; return
+        all entries so far, or None."""
+        kv, gate, first = cache.update_pending(self.wkv(x), self.wgate(x))
+        if kv.shape[1] == 0:
+            return cache.fetch()
+        batch, length, width = kv.shape
+        n, d = length // self.ratio, self.head_dim
+        kv = kv.reshape(batch, n, self.ratio, width)
+        gate = gate.reshape(batch, n, self.ratio, width) + self.ape
+        if self.overlap:
+            # Entry w pools the first half of window w - 1 and the second
+            # half of window w.
+            prev_kv, prev_gate = cache.update_overlap(
+                kv[:, -1:, :, :d], gate[:, -1:, :, :d]
+            )
+            kv_a = mx.concatenate([prev_kv, kv[:, :-1, :, :d]], axis=1)
+            gate_a = mx.concatenate([prev_gate, gate[:, :-1, :, :d]], axis=1)
+            kv = mx.concatenate([kv_a, kv[..., d:]], axis=2)
+            gate = mx.concatenate([gate_a, gate[..., d:]], axis=2)
+        weights = mx.softmax(gate.astype(mx.float32), axis=2, precise=True)
+        entries = self.norm(mx.sum(kv * weights.astype(kv.dtype), axis=2))
+        # An entry sits at the position of its window's first row.
+        entries = _apply_rope(
+            entries, rope, rope_dim=self.rope_dim, offset=first, scale=self.ratio
+        )
+        return cache.update_and_fetch(entries.astype(x.dtype))
+
+
+class Indexer(nn.Module):
+    def __init__(self, args: ModelArgs, ratio: int):
+        super().__init__()
+        self.ratio = ratio
+        self.n_heads = args.index_n_heads
+        self.head_dim = args.index_head_dim
+        self.index_topk = args.index_topk
+        self.rope_dim = args.qk_rope_head_dim
+        self.wq_b = nn.Linear(
+            args.q_lora_rank, self.n_heads * self.head_dim, bias=False
+        )
+        self.weights_proj = nn.Linear(args.hidden_size, self.n_heads, bias=False)
+        self.compressor = Compressor(args, ratio, self.head_dim, overlap=True)
+
+    def __call__(
+        self,
+        x: mx.array,
+        qr: mx.array,
+        rope: YarnRoPE,
+        offset: int,
+        cache: CompressorCache,
+    ) -> Optional[mx.array]:
+        """The entries each query attends to [B, L, k], -1 for none."""
+        keys = self.compressor(x, rope, cache)
+        if keys is None:
+            return None
+        batch, length, _ = x.shape
+        q = self.wq_b(qr).reshape(batch, length, self.n_heads, self.head_dim)
+        q = _apply_rope(q, rope, rope_dim=self.rope_dim, offset=offset)
+        scores = q.astype(mx.float32) @ keys.astype(mx.float32)[:, None].swapaxes(
+            -1, -2
+        )
+        scores = mx.maximum(scores, 0.0) * self.head_dim**-0.5
+        weights = self.weights_proj(x).astype(mx.float32) * self.n_heads**-0.5
+        scores = mx.sum(scores * weights[..., None], axis=2)
+        # A query sees the entries of the windows closed at its position.
+        visible = (offset + mx.arange(length) + 1) // self.ratio
+        scores = mx.where(
+            mx.arange(keys.shape[1]) < visible[:, None], scores, -mx.inf
+        )
+        k = min(self.index_topk, keys.shape[1])
+        chosen = mx.argpartition(-scores, k - 1, axis=-1)[..., :k].astype(mx.int32)
+        return mx.where(chosen < visible[:, None], chosen, -1)
+
+
+class Attention(nn.Module):
+    def __init__(self, args: ModelArgs, layer_idx: int):
+        super().__init__()
+        self.kind = args.layer_types[layer_idx]
+        self.n_heads = args.num_attention_heads
+        self.head_dim = args.head_dim
+        self.rope_dim = args.qk_rope_head_dim
+        self.window = args.sliding_window
+        self.eps = args.rms_norm_eps
+        self.scale = args.head_dim**-0.5
+        self.o_groups = args.o_groups
+        self.wq_a = nn.Linear(args.hidden_size, args.q_lora_rank, bias=False)
+        self.q_norm = nn.RMSNorm(args.q_lora_rank, eps=args.rms_norm_eps)
+        self.wq_b = nn.Linear(
+            args.q_lora_rank, self.n_heads * self.head_dim, bias=False
+        )
+        self.wkv = nn.Linear(args.hidden_size, self.head_dim, bias=False)
+        self.kv_norm = nn.RMSNorm(self.head_dim, eps=args.rms_norm_eps)
+        # One projection per group of heads: [o_groups, o_lora_rank, group dims].
+        self.wo_a = SwitchLinear(
+            self.n_heads * self.head_dim // args.o_groups,
+            args.o_lora_rank,
+            args.o_groups,
+            bias=False,
+        )
+        self.wo_b = nn.Linear(
+            args.o_groups * args.o_lora_rank, args.hidden_size, bias=False
+        )
+        self.attn_sink = mx.zeros((self.n_heads,), dtype=mx.float32)
+        self._group_ids = mx.arange(args.o_groups)[None]
+        self.rope = _make_rope(args, compressed=self.kind != SLIDING)
+        if self.kind != SLIDING:
+            ratio = args.compress_rates[self.kind]
+            self.compressor = Compressor(
+                args, ratio, self.head_dim, overlap=self.kind == CSA
+            )
+        if self.kind == CSA:
+            self.indexer = Indexer(args, ratio)
+
+    def __call__(self, x: mx.array, offset: int, cache: CacheList) -> mx.array:
+        batch, length, _ = x.shape
+        qr = self.q_norm(self.wq_a(x))
+        q = self.wq_b(qr).reshape(batch, length, self.n_heads, self.head_dim)
+        q = mx.fast.rms_norm(q, None, self.eps)
+        q = _apply_rope(q, self.rope, rope_dim=self.rope_dim, offset=offset)
+        kv = self.kv_norm(self.wkv(x))
+        kv = _apply_rope(kv, self.rope, rope_dim=self.rope_dim, offset=offset)
+
+        # Window keys: the kept rows, then the new ones.
+        window = cache[0].update_and_fetch(kv)
+        q_pos = offset + mx.arange(length)[:, None]
+        k_pos = offset - (window.shape[1] - length) + mx.arange(window.shape[1])
+        mask = (k_pos <= q_pos) & (k_pos > q_pos - self.window)
+        q = q.astype(mx.float32).transpose(0, 2, 1, 3)
+        window = window.astype(mx.float32)[:, None]
+        scores = [mx.where(mask, (q @ window.swapaxes(-1, -2)) * self.scale, -mx.inf)]
+
+        # Compressed keys: all visible entries (HCA) or the indexer's top-k (CSA).
+        pool = picked = None
+        if self.kind != SLIDING:
+            pool = self.compressor(x, self.rope, cache[1])
+        if self.kind == CSA:
+            chosen = self.indexer(x, qr, self.rope, offset, cache[2])
+            if chosen is not None:
+                picked = _gather_rows(pool, chosen).astype(mx.float32)
+                s = (q.transpose(0, 2, 1, 3) @ picked.swapaxes(-1, -2)) * self.scale
+                s = s.transpose(0, 2, 1, 3)
+                scores.append(mx.where((chosen >= 0)[:, None], s, -mx.inf))
+        elif pool is not None:
+            pool = pool.astype(mx.float32)[:, None]
+            visible = (q_pos + 1) // self.compressor.ratio
+            s = (q @ pool.swapaxes(-1, -2)) * self.scale
+            scores.append(mx.where(mx.arange(pool.shape[2]) < visible, s, -mx.inf))
+
+        # The sink takes part in the softmax only.
+        sink = mx.broadcast_to(
+            self.attn_sink.astype(mx.float32)[:, None, None],
+            (batch, self.n_heads, length, 1),
+        )
+        sizes = [s.shape[-1] for s in scores]
+        probs = mx.softmax(mx.concatenate([*scores, sink], axis=-1), axis=-1)
+        probs = mx.split(probs, [sizes[0], sum(sizes)], axis=-1)
+        out = probs[0] @ window
+        if picked is not None:
+            p = probs[1].transpose(0, 2, 1, 3)
+            out = out + (p @ picked).transpose(0, 2, 1, 3)
+        elif len(sizes) > 1:
+            out = out + probs[1] @ pool
+        out = out.transpose(0, 2, 1, 3).astype(x.dtype)
+
+        # Undo the keys' rotation at the query position.
+        out = _apply_rope(
+            out, self.rope, rope_dim=self.rope_dim, offset=offset, inverse=True
+        )
+        out = out.reshape(batch * length, self.o_groups, 1, -1)
+        out = self.wo_a(out, self._group_ids)
+        return self.wo_b(out.reshape(batch, length, -1))
+
+
+class Gate(nn.Module):
+    def __init__(self, args: ModelArgs, hashed: bool):
+        super().__init__()
+        self.top_k = args.num_experts_per_tok
+        self.scale = args.routed_scaling_factor
+        self.weight = mx.zeros((args.n_routed_experts, args.hidden_size))
+        if hashed:
+            # Hash layers pick experts by token id.
+            self.tid2eid = mx.zeros((args.vocab_size, self.top_k), dtype=mx.int32)
+        else:
+            self.e_score_correction_bias = mx.zeros(
+                (args.n_routed_experts,), dtype=mx.float32
+            )
+
+    def __call__(self, x: mx.array, input_ids: mx.array):
+        logits = x.astype(mx.float32) @ self.weight.astype(mx.float32).T
+        scores = mx.sqrt(nn.softplus(logits))
+        if "tid2eid" in self:
+            inds = self.tid2eid[input_ids]
+        else:
+            # The bias only selects the experts.
+            biased = scores + self.e_score_correction_bias
+            inds = mx.argpartition(-biased, self.top_k - 1, axis=-1)[..., : self.top_k]
+        weights = mx.take_along_axis(scores, inds, axis=-1)
+        weights = weights / (mx.sum(weights, axis=-1, keepdims=True) + 1e-20)
+        return inds, weights * self.scale
+
+
+class MoE(nn.Module):
+    def __init__(self, args: ModelArgs, hashed: bool):
+        super().__init__()
+        self.gate = Gate(args, hashed)
+        self.switch_mlp = SwitchGLU(
+            args.hidden_size,
+            args.moe_intermediate_size,
+            args.n_routed_experts,
+            activation=DeepseekV41SwiGLU(args.swiglu_limit),
+        )
+        self.shared_experts = SharedMLP(args)
+
+    def __call__(self, x: mx.array, input_ids: mx.array) -> mx.array:
+        inds, weights = self.gate(x, input_ids)
+        y = self.switch_mlp(x, inds)
+        y = mx.sum(y * weights[..., None].astype(y.dtype), axis=-2)
+        return y.astype(x.dtype) + self.shared_experts(x)
+
+
+class DecoderLayer(nn.Module):
+    def __init__(self, args: ModelArgs, layer_idx: int):
+        super().__init__()
+        self.attn = Attention(args, layer_idx)
+        self.ffn = MoE(args, hashed=args.mlp_layer_types[layer_idx] == "hash_moe")
+        self.attn_norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.ffn_norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.attn_hc = HyperConnection(args)
+        self.ffn_hc = HyperConnection(args)
+
+    def __call__(
+        self, h: mx.array, input_ids: mx.array, offset: int, cache: CacheList
+    ) -> mx.array:
+        pre, post, comb = self.attn_hc(h)
+        x = self.attn(self.attn_norm(_collapse(h, pre)), offset, cache)
+        h = _expand(x, h, post, comb)
+        pre, post, comb = self.ffn_hc(h)
+        x = self.ffn(self.ffn_norm(_collapse(h, pre)), input_ids)
+        return _expand(x, h, post, comb)
+
+
+class HyperHead(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.eps = args.hc_eps
+        self.norm_eps = args.rms_norm_eps
+        self.fn = mx.zeros((args.hc_mult, args.hc_mult * args.hidden_size))
+        self.base = mx.zeros((args.hc_mult,))
+        self.scale = mx.ones((1,))
+
+    def __call__(self, h: mx.array) -> mx.array:
+        flat = h.reshape(*h.shape[:2], -1).astype(mx.float32)
+        flat = mx.fast.rms_norm(flat, None, self.norm_eps)
+        pre = mx.sigmoid((flat @ self.fn.T) * self.scale + self.base) + self.eps
+        return _collapse(h, pre)
+
+
+def _cache_arrays(cache: List[CacheList]) -> List[mx.array]:
+    return [
+        v
+        for layer_cache in cache
+        for c in layer_cache.caches
+        for v in vars(c).values()
+        if isinstance(v, mx.array)
+    ]
+
+
+class DeepseekV4Model(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.hc_mult = args.hc_mult
+        self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
+        self.layers = [DecoderLayer(args, i) for i in range(args.num_hidden_layers)]
+        self.hc_head = HyperHead(args)
+        self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+
+    def __call__(self, inputs: mx.array, cache: List[CacheList]) -> mx.array:
+        h = self.embed_tokens(inputs)
+        batch, length, dims = h.shape
+        h = mx.broadcast_to(h[:, :, None], (batch, length, self.hc_mult, dims))
+        offset = cache[0][0].offset
+        for layer, layer_cache in zip(self.layers, cache):
+            h = layer(h, inputs, offset, layer_cache)
+        out = self.norm(self.hc_head(h))
+        # Evaluating the output also materializes every cache array, so no
+        # cache field keeps a growing lazy graph, without a host sync.
+        return mx.depends(out, _cache_arrays(cache))
+
+
+_RENAMES = (
+    (".hc_attn_", ".attn_hc."),
+    (".hc_ffn_", ".ffn_hc."),
+    ("hc_head.hc_", "hc_head."),
+    (".attn.norm.", ".attn.kv_norm."),
+    (".gate.bias", ".gate.e_score_correction_bias"),
+    (".shared_experts.w1.", ".shared_experts.gate_proj."),
+    (".shared_experts.w2.", ".shared_experts.down_proj."),
+    (".shared_experts.w3.", ".shared_experts.up_proj."),
+)
+_EXPERT_KEY = re.compile(r"(.+\.ffn)\.experts\.(\d+)\.(w[123])\.weight")
+_EXPERT_PROJ = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
+_MTP_KEY = re.compile(r"(^|\.)mtp\.")
+
+
+class Model(nn.Module):
+    def __init__(self, args: ModelArgs):
+        super().__init__()
+        self.args = args
+        self.model_type = args.model_type
+        self.model = DeepseekV4Model(args)
+        self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+
+    def __call__(
+        self, inputs: mx.array, cache: Optional[List[CacheList]] = None
+    ) -> mx.array:
+        if cache is None:
+            cache = self.make_cache()
+        return self.lm_head(self.model(inputs, cache))
+
+    @property
+    def layers(self):
+        return self.model.layers
+
+    def make_cache(self) -> List[CacheList]:
+        caches = []
+        for kind in self.args.layer_types:
+            window = SharedWindowCache(self.args.sliding_window)
+            if kind == SLIDING:
+                caches.append(CacheList(window))
+                continue
+            ratio = self.args.compress_rates[kind]
+            if kind == HCA:
+                caches.append(CacheList(window, CompressorCache(ratio)))
+            else:
+                caches.append(
+                    CacheList(
+                        window,
+                        CompressorCache(ratio, overlap=True),
+                        CompressorCache(ratio, overlap=True),
+                    )
+                )
+        return caches
+
+    def sanitize(self, weights: Dict[str, mx.array]) -> Dict[str, mx.array]:
+        """Map DeepSeek's and transformers' names onto this model's."""
+        # The MTP block is only used for speculative decoding.
+        weights = {k: v for k, v in weights.items() if not _MTP_KEY.search(k)}
+        if "head.weight" in weights:
+            weights["lm_head.weight"] = weights.pop("head.weight")
+        clean, experts = {}, {}
+        for key, value in weights.items():
+            for old, new in _RENAMES:
+                key = key.replace(old, new)
+            if match := _EXPERT_KEY.fullmatch(key):
+                prefix, expert, proj = match.groups()
+                experts.setdefault((prefix, proj), {})[int(expert)] = value
+                continue
+            if key.endswith(".attn.wo_a.weight") and value.ndim == 2:
+                value = value.reshape(self.args.o_groups, -1, value.shape[-1])
+            if key.endswith(".gate.tid2eid"):
+                value = value.astype(mx.int32)
+            clean[key] = value
+        for (prefix, proj), rows in experts.items():
+            stacked = mx.stack([rows[e] for e in sorted(rows)])
+            clean[f"{prefix}.switch_mlp.{_EXPERT_PROJ[proj]}.weight"] = stacked
+        return clean
+
+    @property
+    def cast_predicate(self) -> Callable[[str], bool]:
+        # DeepSeek keeps these in float32.
+        keep = ("attn_hc.", "ffn_hc.", "hc_head.", "attn_sink", "correction_bias")
+
+        def predicate(k: str) -> bool:
+            return not any(s in k for s in keep) and not k.endswith(".ape")
+
+        return predicate
