@@ -9,6 +9,7 @@ repository, and edits upstream files through one unified diff per file under
 
 Commands (``python tools/fork.py <command> --help`` for details):
 
+  demo     set up the dev venv and run a long decode on a tiny model
   stage    write the assembled ``mlx_lm`` package into a folder
   dev      set up (or refresh) the development tree and venv
   diff     turn edits of upstream files in the dev tree back into patches/
@@ -329,6 +330,7 @@ def setup_dev(force=False, venv=DEV_VENV):
     python = _venv_python(venv)
     if not python.exists():
         _run(sys.executable, "-m", "venv", venv)
+        _run(python, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
         _run(python, "-m", "pip", "install", "--quiet", *dev_requirements())
         # The built fork gives the venv its console scripts; the .pth below
         # puts the dev tree in front of it.
@@ -468,6 +470,8 @@ def test(ref=None):
     _run(sys.executable, "-m", "venv", venv)
     python = _venv_python(venv)
     pip = [python, "-m", "pip", "install", "--quiet"]
+    # git+file URLs with a ref need a recent pip.
+    _run(*pip, "--upgrade", "pip")
     # torch for the reference-parity tests; pinned so pip takes the CPU build.
     _run(*pip, "torch==2.13.0")
     extras = "test" if sys.platform == "darwin" else "cpu,test"
@@ -512,6 +516,8 @@ def main(argv=None):
     p = sub.add_parser("export", help="apply the fork onto an upstream tree")
     p.add_argument("tree")
     sub.add_parser("lint", help="black, isort, ruff on what the fork touches")
+    p = sub.add_parser("demo", help="set up, then a long decode on a tiny model")
+    p.add_argument("demo_args", nargs="*", help="benchmarks/long_decode.py args")
     p = sub.add_parser("test", help="install from git and run every check")
     p.add_argument("--ref", help="git ref to install (default main)")
     p = sub.add_parser("upstream-tests", help="run the release's own test suite")
@@ -537,6 +543,10 @@ def main(argv=None):
             print(f"applied; `git -C {args.tree} diff` shows the change")
         elif args.command == "lint":
             return 0 if lint() else 1
+        elif args.command == "demo":
+            python = setup_dev()
+            script = ROOT / "benchmarks" / "long_decode.py"
+            return subprocess.run([python, script, *args.demo_args]).returncode
         elif args.command == "test":
             return 0 if test(args.ref) else 1
         elif args.command == "upstream-tests":

@@ -6,6 +6,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_flatten
 
 from .base import BaseModelArgs
 from .cache import CacheList, CompressorCache, SharedWindowCache
@@ -68,8 +69,12 @@ class ModelArgs(BaseModelArgs):
     layer_types: Optional[List[str]] = None
     compress_rates: Optional[Dict[str, int]] = None
     mlp_layer_types: Optional[List[str]] = None
+    # MLX's (converted checkpoints) or DeepSeek's (fp8 and fp4 weights)
+    quantization: Optional[Dict[str, Any]] = None
+    quantization_config: Optional[Dict[str, Any]] = None
 
     def __post_init__(self):
+        _check_quantization(self)
         n = self.num_hidden_layers
         rates = {CSA: 4, HCA: 128}
         if self.layer_types is None:
@@ -248,9 +253,7 @@ class Indexer(nn.Module):
         scores = mx.sum(scores * weights[..., None], axis=2)
         # A query sees the entries of the windows closed at its position.
         visible = (offset + mx.arange(length) + 1) // self.ratio
-        scores = mx.where(
-            mx.arange(keys.shape[1]) < visible[:, None], scores, -mx.inf
-        )
+        scores = mx.where(mx.arange(keys.shape[1]) < visible[:, None], scores, -mx.inf)
         k = min(self.index_topk, keys.shape[1])
         chosen = mx.argpartition(-scores, k - 1, axis=-1)[..., :k].astype(mx.int32)
         return mx.where(chosen < visible[:, None], chosen, -1)
@@ -471,19 +474,124 @@ class DeepseekV4Model(nn.Module):
         return mx.depends(out, _cache_arrays(cache))
 
 
-_RENAMES = (
-    (".hc_attn_", ".attn_hc."),
-    (".hc_ffn_", ".ffn_hc."),
-    ("hc_head.hc_", "hc_head."),
-    (".attn.norm.", ".attn.kv_norm."),
-    (".gate.bias", ".gate.e_score_correction_bias"),
-    (".shared_experts.w1.", ".shared_experts.gate_proj."),
-    (".shared_experts.w2.", ".shared_experts.down_proj."),
-    (".shared_experts.w3.", ".shared_experts.up_proj."),
+# Checkpoint names (DeepSeek's release, transformers' save_pretrained, early
+# MLX uploads) and this model's.
+_RENAMES = tuple(
+    (re.compile(old), new)
+    for old, new in (
+        (r"^(model\.)?embed\.", "model.embed_tokens."),
+        (r"^(model\.)?head\.", "lm_head."),
+        (r"^(norm|layers)\.", r"model.\1."),
+        (r"^(model\.)?hc_head[_.](hc_)?(fn|base|scale)$", r"model.hc_head.\3"),
+        (r"\.hc_(attn|ffn)[_.](fn|base|scale)$", r".\1_hc.\2"),
+        (r"\.attn\.norm\.", ".attn.kv_norm."),
+        (r"\.gate\.bias$", ".gate.e_score_correction_bias"),
+        (r"\.ffn\.experts\.(w[123]\.)", r".ffn.switch_mlp.\1"),
+        (r"\.w1\.", ".gate_proj."),
+        (r"\.w2\.", ".down_proj."),
+        (r"\.w3\.", ".up_proj."),
+    )
 )
-_EXPERT_KEY = re.compile(r"(.+\.ffn)\.experts\.(\d+)\.(w[123])\.weight")
-_EXPERT_PROJ = {"w1": "gate_proj", "w2": "down_proj", "w3": "up_proj"}
+# Weights stored one per expert or one per output group.
+_EXPERT_KEY = re.compile(r"(.+\.ffn)\.experts\.(\d+)\.(\w+)\.(\w+)")
+_WO_A_KEY = re.compile(r"(.+\.attn\.wo_a)\.(\d+)\.(\w+)")
 _MTP_KEY = re.compile(r"(^|\.)mtp\.")
+_MX_MODES = {"mxfp4": (4, 32), "mxfp8": (8, 32), "nvfp4": (4, 16)}
+
+
+def _check_quantization(args: "ModelArgs") -> None:
+    """Raise for a quantization config this model cannot load."""
+    problems = []
+    if args.quantization is not None:
+        entries = [("quantization", args.quantization)]
+        entries += [
+            (f"quantization.{k}", v)
+            for k, v in args.quantization.items()
+            if isinstance(v, dict)
+        ]
+        for field, entry in entries:
+            mode = entry.get("mode", "affine")
+            bits, group_size = entry.get("bits"), entry.get("group_size")
+            if mode != "affine" and mode not in _MX_MODES:
+                problems.append(f"`{field}.mode` {mode!r} is not a quantization mode")
+            elif mode in _MX_MODES and (bits, group_size) != _MX_MODES[mode]:
+                problems.append(
+                    f"`{field}` {mode} needs bits {_MX_MODES[mode][0]} and "
+                    f"group_size {_MX_MODES[mode][1]}, not {bits} and {group_size}"
+                )
+            elif mode == "affine" and (
+                bits not in (2, 3, 4, 5, 6, 8) or group_size not in (32, 64, 128)
+            ):
+                problems.append(
+                    f"`{field}` affine bits {bits} or group_size {group_size} "
+                    "is not supported"
+                )
+    elif (config := args.quantization_config) is not None:
+        method = config.get("quant_method")
+        if method != "fp8":
+            problems.append(
+                f"`quantization_config.quant_method` {method!r}: DeepSeek-V4 "
+                "checkpoints are 'fp8' or converted by mlx_lm.convert"
+            )
+        else:
+            block = config.get("weight_block_size", [128, 128])
+            expected = {"fmt": "e4m3", "scale_fmt": "ue8m0"}
+            for field, value in expected.items():
+                if config.get(field, value) != value:
+                    problems.append(
+                        f"`quantization_config.{field}` is "
+                        f"{config[field]!r}, not {value!r}"
+                    )
+            if config.get("expert_dtype", "fp8") not in ("fp4", "fp8"):
+                problems.append(
+                    "`quantization_config.expert_dtype` "
+                    f"{config['expert_dtype']!r} is not 'fp4' or 'fp8'"
+                )
+            if (
+                len(block) != 2
+                or not all(isinstance(b, int) and b > 0 for b in block)
+                or block[1] % 32
+            ):
+                problems.append(
+                    f"`quantization_config.weight_block_size` {block} is not "
+                    "two positive sizes with columns a multiple of 32"
+                )
+    if problems:
+        raise ValueError("Invalid DeepSeek-V4 config:\n  " + "\n  ".join(problems))
+
+
+def _ue8m0(scale: mx.array) -> mx.array:
+    """Power-of-two scales as biased exponents, the scales of MLX's mx modes."""
+    if scale.dtype == mx.uint8:
+        return scale
+    exponent = mx.log2(scale.astype(mx.float32))
+    if not mx.array_equal(exponent, mx.round(exponent)):
+        raise ValueError("its scales are not powers of two")
+    return (exponent + 127).astype(mx.uint8)
+
+
+def _to_mx_format(weight: mx.array, scale: mx.array, block) -> tuple:
+    """Put a DeepSeek fp8 or fp4 weight and its scale in MLX's mxfp8 or mxfp4
+    layout, without dequantizing.
+
+    fp8 (uint8 e4m3) has one scale per block of rows x columns, repeated here
+    to one per row and 32 columns. fp4 (int8, two e2m1 values per byte, the
+    low nibble first) already has one scale per row and 32 columns.
+    """
+    *lead, rows, cols = weight.shape
+    if weight.dtype == mx.int8:
+        cols, block = 2 * cols, (1, 32)
+    grid = (*lead, -(-rows // block[0]), -(-cols // block[1]))
+    if tuple(scale.shape) != grid:
+        raise ValueError(
+            f"its scale has shape {tuple(scale.shape)}, not {grid} for "
+            f"{block[0]}x{block[1]} blocks of a {tuple(weight.shape)} weight"
+        )
+    if cols % 32:
+        raise ValueError(f"its {cols} columns are not a multiple of 32")
+    scale = mx.repeat(_ue8m0(scale), block[0], axis=-2)[..., :rows, :]
+    scale = mx.repeat(scale, block[1] // 32, axis=-1)[..., : cols // 32]
+    return weight.view(mx.uint32), scale
 
 
 class Model(nn.Module):
@@ -526,28 +634,90 @@ class Model(nn.Module):
         return caches
 
     def sanitize(self, weights: Dict[str, mx.array]) -> Dict[str, mx.array]:
-        """Map DeepSeek's and transformers' names onto this model's."""
-        # The MTP block is only used for speculative decoding.
-        weights = {k: v for k, v in weights.items() if not _MTP_KEY.search(k)}
-        if "head.weight" in weights:
-            weights["lm_head.weight"] = weights.pop("head.weight")
-        clean, experts = {}, {}
+        """Map every known checkpoint layout onto this model's names.
+
+        DeepSeek's fp8 and fp4 weights stay packed, as mxfp8 and mxfp4. Raises
+        one error naming every key it cannot map.
+        """
+        args = self.args
+        block = tuple((args.quantization_config or {}).get("weight_block_size", ()))
+        problems = {}
+        # MLX name -> (checkpoint key, array)
+        clean, parts = {}, {}
         for key, value in weights.items():
-            for old, new in _RENAMES:
-                key = key.replace(old, new)
-            if match := _EXPERT_KEY.fullmatch(key):
-                prefix, expert, proj = match.groups()
-                experts.setdefault((prefix, proj), {})[int(expert)] = value
+            # The MTP block is only used for speculative decoding.
+            if _MTP_KEY.search(key):
                 continue
-            if key.endswith(".attn.wo_a.weight") and value.ndim == 2:
-                value = value.reshape(self.args.o_groups, -1, value.shape[-1])
-            if key.endswith(".gate.tid2eid"):
+            name = key
+            for old, new in _RENAMES:
+                name = old.sub(new, name)
+            if match := _EXPERT_KEY.fullmatch(name):
+                prefix, index, proj, kind = match.groups()
+                group = f"{prefix}.switch_mlp.{proj}", args.n_routed_experts
+            elif match := _WO_A_KEY.fullmatch(name):
+                prefix, index, kind = match.groups()
+                group = prefix, args.o_groups
+            else:
+                clean[name] = (key, value)
+                continue
+            members = parts.setdefault(group, {}).setdefault(kind, {})
+            members[int(index)] = (key, value)
+        for (prefix, count), kinds in parts.items():
+            for kind, members in kinds.items():
+                key = members[min(members)][0]
+                if sorted(members) != list(range(count)):
+                    missing = sorted(set(range(count)) - set(members))
+                    extra = sorted(set(members) - set(range(count)))
+                    problems[key] = f"parts missing {missing}, unexpected {extra}"
+                    continue
+                value = mx.stack([members[i][1] for i in range(count)])
+                clean[f"{prefix}.{kind}"] = (key, value)
+
+        # fp8 (uint8) and fp4 (int8) weights with one ue8m0 scale per block.
+        for name in [n for n in clean if n.endswith(".scale")]:
+            prefix = name.removesuffix(".scale")
+            key, weight = clean.get(f"{prefix}.weight", (None, None))
+            if weight is None or weight.dtype not in (mx.uint8, mx.int8):
+                continue
+            try:
+                fp_block = block or (128, 128)
+                weight, scales = _to_mx_format(weight, clean.pop(name)[1], fp_block)
+            except ValueError as e:
+                problems[key] = str(e)
+                continue
+            clean[f"{prefix}.weight"] = (key, weight)
+            clean[f"{prefix}.scales"] = (key, scales)
+
+        params = tree_flatten(self.parameters(), destination={})
+        out = {}
+        for name, (key, value) in clean.items():
+            prefix, _, kind = name.rpartition(".")
+            if (
+                prefix.endswith(".attn.wo_a")
+                and value.ndim == 2
+                and value.shape[0] % args.o_groups == 0
+            ):
+                # One 2-D weight holds all the output groups.
+                value = value.reshape(args.o_groups, -1, value.shape[-1])
+            if kind == "tid2eid":
                 value = value.astype(mx.int32)
-            clean[key] = value
-        for (prefix, proj), rows in experts.items():
-            stacked = mx.stack([rows[e] for e in sorted(rows)])
-            clean[f"{prefix}.switch_mlp.{_EXPERT_PROJ[proj]}.weight"] = stacked
-        return clean
+            if kind == "weight" and value.dtype in (mx.uint8, mx.int8):
+                problems[key] = f"an fp8 or fp4 weight needs {key[:-6]}scale"
+            elif kind in ("scales", "biases"):
+                if f"{prefix}.weight" not in params:
+                    problems[key] = "no parameter of the model takes it"
+            elif name not in params:
+                problems[key] = "no parameter of the model takes it"
+            elif f"{prefix}.scales" not in clean and value.shape != params[name].shape:
+                shape = tuple(params[name].shape)
+                problems[key] = f"has shape {tuple(value.shape)}, not {shape}"
+            out[name] = value
+        if problems:
+            raise ValueError(
+                f"Cannot load {len(problems)} DeepSeek-V4 checkpoint keys:\n"
+                + "\n".join(f"  {k}: {why}" for k, why in sorted(problems.items()))
+            )
+        return out
 
     @property
     def cast_predicate(self) -> Callable[[str], bool]:

@@ -1,0 +1,193 @@
+# Copyright © 2026 Apple Inc.
+"""Long decode on a tiny random model, through the path of mlx_lm.generate.
+
+Builds a model folder (random weights, a small byte-level BPE tokenizer made
+here), loads it with ``mlx_lm.load`` and decodes with ``stream_generate``,
+which evaluates only the tokens, as ``mlx_lm.generate`` and the server do.
+Every ``--report`` tokens it prints tokens/s, active memory and the largest
+unevaluated graph behind any array the prompt cache holds. A cache whose
+graph grows here is the one that exhausts Metal's resource limit on a Mac.
+
+    python benchmarks/long_decode.py                      # DeepSeek-V4
+    python benchmarks/long_decode.py --model-type qwen3_5 --tokens 5000
+"""
+
+import argparse
+import io
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+CONFIGS = {
+    "deepseek_v4": {
+        "model_type": "deepseek_v4",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "num_hidden_layers": 4,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 1,
+        "head_dim": 32,
+        "qk_rope_head_dim": 16,
+        "q_lora_rank": 32,
+        "o_groups": 2,
+        "o_lora_rank": 16,
+        "sliding_window": 16,
+        "n_routed_experts": 4,
+        "n_shared_experts": 1,
+        "num_experts_per_tok": 2,
+        "moe_intermediate_size": 32,
+        "num_hash_layers": 1,
+        "compress_ratios": [0, 4, 16, 4],
+        "index_n_heads": 4,
+        "index_head_dim": 16,
+        "index_topk": 8,
+        "hc_mult": 2,
+        "bos_token_id": 0,
+        "eos_token_id": 1,
+    },
+    "qwen3_5": {
+        "model_type": "qwen3_5",
+        "text_config": {
+            "model_type": "qwen3_5_text",
+            "vocab_size": 512,
+            "hidden_size": 64,
+            "intermediate_size": 128,
+            "num_hidden_layers": 8,
+            "num_attention_heads": 4,
+            "num_key_value_heads": 2,
+            "head_dim": 16,
+            "linear_num_value_heads": 4,
+            "linear_num_key_heads": 2,
+            "linear_key_head_dim": 16,
+            "linear_value_head_dim": 16,
+            "full_attention_interval": 4,
+            "tie_word_embeddings": False,
+        },
+    },
+}
+
+
+def make_tokenizer(path, vocab_size):
+    """Train a small byte-level BPE tokenizer and save it to ``path``."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size,
+        special_tokens=["<bos>", "<eos>"],
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    text = [
+        "The quick brown fox jumps over the lazy dog.",
+        "Long generations must not grow the graph behind the cache.",
+        "Write a story about a lighthouse keeper and the sea.",
+    ]
+    tok.train_from_iterator(text * 10, trainer)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>"
+    ).save_pretrained(path)
+
+
+def make_model_folder(path, model_type, seed=0):
+    """A folder ``mlx_lm.load`` reads: config, random weights, tokenizer."""
+    from mlx_lm.utils import _get_classes, save_model
+
+    config = CONFIGS[model_type]
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    mx.random.seed(seed)
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    mx.eval(model.parameters())
+    save_model(path, model, donate_model=True)
+    with open(path / "config.json", "w") as f:
+        json.dump(config, f, indent=2)
+    vocab = config.get("vocab_size") or config["text_config"]["vocab_size"]
+    make_tokenizer(path, vocab)
+    return path
+
+
+def graph_edges(a):
+    f = io.StringIO()
+    mx.export_to_dot(f, a)
+    return f.getvalue().count("->")
+
+
+def cache_arrays(obj, seen=None):
+    """Every array a cache object holds, however it nests them."""
+    seen = set() if seen is None else seen
+    if id(obj) in seen:
+        return []
+    seen.add(id(obj))
+    if isinstance(obj, mx.array):
+        return [obj]
+    if isinstance(obj, (list, tuple)):
+        return [a for o in obj for a in cache_arrays(o, seen)]
+    if isinstance(obj, dict):
+        return [a for o in obj.values() for a in cache_arrays(o, seen)]
+    if hasattr(obj, "__dict__"):
+        return cache_arrays(vars(obj), seen)
+    return []
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model-type", default="deepseek_v4", choices=CONFIGS)
+    parser.add_argument("--model", help="an existing model folder instead")
+    parser.add_argument("--tokens", type=int, default=3000)
+    parser.add_argument("--report", type=int, default=500)
+    args = parser.parse_args()
+
+    from mlx_lm import load, stream_generate
+    from mlx_lm.models.cache import make_prompt_cache
+
+    with tempfile.TemporaryDirectory() as tmp:
+        folder = args.model or make_model_folder(tmp, args.model_type)
+        model, tokenizer = load(str(folder))
+    cache = make_prompt_cache(model)
+    eos = list(tokenizer.eos_token_ids)
+
+    def no_eos(tokens, logits):
+        # Random weights: keep decoding to the requested length.
+        logits[:, eos] = -float("inf")
+        return logits
+
+    prompt = tokenizer.encode("Write a story about a lighthouse keeper.")
+    print(
+        f"{args.model or args.model_type}: {args.tokens} tokens, prompt {len(prompt)}"
+    )
+    print(f"{'tokens':>7} {'tok/s':>9} {'active MB':>10} {'cache MB':>9} {'graph':>6}")
+    tic, last = time.perf_counter(), 0
+    for n, response in enumerate(
+        stream_generate(
+            model,
+            tokenizer,
+            prompt,
+            max_tokens=args.tokens,
+            prompt_cache=cache,
+            logits_processors=[no_eos],
+        ),
+        start=1,
+    ):
+        if n % args.report == 0 or n == args.tokens:
+            toc = time.perf_counter()
+            arrays = cache_arrays(cache)
+            graph = max((graph_edges(a) for a in arrays), default=0)
+            cache_mb = sum(a.nbytes for a in arrays) / 1e6
+            print(
+                f"{n:>7} {(n - last) / (toc - tic):>9.1f} "
+                f"{mx.get_active_memory() / 1e6:>10.2f} {cache_mb:>9.2f} {graph:>6}",
+                flush=True,
+            )
+            tic, last = time.perf_counter(), n
+
+
+if __name__ == "__main__":
+    main()
