@@ -317,6 +317,14 @@ def dev_requirements():
     return reqs
 
 
+def _make_venv(venv):
+    python = _venv_python(venv)
+    _run(sys.executable, "-m", "venv", venv)
+    _run(python, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
+    _run(python, "-m", "pip", "install", "--quiet", *dev_requirements())
+    return python
+
+
 def setup_dev(force=False, venv=DEV_VENV):
     """Stage the dev tree (fork files linked) and point a venv at it."""
     pending = _pending_edits() if (DEV_TREE / "mlx_lm").is_dir() else []
@@ -329,9 +337,8 @@ def setup_dev(force=False, venv=DEV_VENV):
     stage(DEV_TREE, link=True)
     python = _venv_python(venv)
     if not python.exists():
-        _run(sys.executable, "-m", "venv", venv)
-        _run(python, "-m", "pip", "install", "--quiet", "--upgrade", "pip")
-        _run(python, "-m", "pip", "install", "--quiet", *dev_requirements())
+        _make_venv(venv)
+    if not (Path(venv) / "bin" / "mlx_lm").exists():
         # The built fork gives the venv its console scripts; the .pth below
         # puts the dev tree in front of it.
         _run(python, "-m", "pip", "install", "--quiet", "--no-deps", ROOT)
@@ -345,6 +352,17 @@ def setup_dev(force=False, venv=DEV_VENV):
         f"import sys; sys.path.insert(0, {str(DEV_TREE)!r})\n"
     )
     return python
+
+
+def _reexec_with_patch_ng():
+    """Run this command again in the dev venv if patch-ng is missing here."""
+    try:
+        import patch_ng  # noqa: F401
+    except ImportError:
+        python = _venv_python(DEV_VENV)
+        if not python.exists():
+            _make_venv(DEV_VENV)
+        os.execv(python, [str(python), __file__, *sys.argv[1:]])
 
 
 # ----------------------------------------------------------------------------
@@ -495,7 +513,8 @@ def test(ref=None):
         print("pytest collected no tests")
     results["fork tests"] = code in (0, 5)
     results["upstream suite"] = upstream_tests(python)
-    results["lint"] = lint(python)
+    lint_cmd = [python, Path(__file__).resolve(), "lint"]
+    results["lint"] = subprocess.run(list(map(str, lint_cmd))).returncode == 0
     print()
     for name, ok in results.items():
         print(f"{name:20} {'ok' if ok else 'FAILED'}")
@@ -524,6 +543,8 @@ def main(argv=None):
     p.add_argument("pytest_args", nargs="*", help="extra pytest arguments")
     sub.add_parser("upstream-path", help="print the pinned release's tree")
     args = parser.parse_args(argv)
+    if args.command in ("stage", "dev", "demo", "export", "lint"):
+        _reexec_with_patch_ng()
 
     try:
         if args.command == "stage":
