@@ -447,7 +447,7 @@ def upstream_tests(python=sys.executable, pytest_args=()):
         shutil.copytree(fetch_upstream() / "tests", tests)
         report = Path(tmp) / "report.xml"
         env = dict(os.environ, HF_HUB_OFFLINE="1", TOKENIZERS_PARALLELISM="false")
-        cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+        cmd = [python, "-m", "pytest", "-q", "--tb=no", "-p", "no:cacheprovider"]
         cmd += ["--junitxml", str(report), *pytest_args, "."]
         print("+", " ".join(map(str, cmd)), f"(in the {UPSTREAM_VERSION} tests)")
         subprocess.run(cmd, cwd=tests, env=env)
