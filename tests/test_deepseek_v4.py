@@ -2,29 +2,25 @@
 
 import copy
 import importlib.util
-import io
 import json
 import tempfile
 import unittest
 from pathlib import Path
-from unittest import mock
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
-from mlx_lm.generate import generate_step
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
-    CacheList,
     CompressorCache,
     SharedWindowCache,
+    WindowCompressorCache,
     load_prompt_cache,
     make_prompt_cache,
     save_prompt_cache,
 )
 
 HAS_TORCH = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
-GRAPH_BOUND = 8
 
 # Every layer type and two hash layers; small rates and window so a prompt of
 # a few hundred tokens wraps the window and fills both pools.
@@ -121,6 +117,8 @@ def make_tiny_model_folder(path, config=None, seed=0):
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     model = make_tiny_model(config, seed)
+    # Zero logits for BOS and EOS, so greedy decoding runs to the token limit.
+    model.lm_head.weight[:2] = 0.0
     mx.save_safetensors(
         str(path / "model.safetensors"), dict(tree_flatten(model.parameters()))
     )
@@ -128,26 +126,6 @@ def make_tiny_model_folder(path, config=None, seed=0):
         json.dump(config, f, indent=2)
     make_tiny_tokenizer(path, config["vocab_size"])
     return path
-
-
-def graph_edges(a):
-    f = io.StringIO()
-    mx.export_to_dot(f, a)
-    return f.getvalue().count("->")
-
-
-def cache_arrays(cache):
-    return [
-        (f"layer {i} {type(c).__name__}.{name}", v)
-        for i, layer_cache in enumerate(cache)
-        for c in layer_cache.caches
-        for name, v in vars(c).items()
-        if isinstance(v, mx.array)
-    ]
-
-
-def max_cache_graph(cache):
-    return max(graph_edges(a) for _, a in cache_arrays(cache))
 
 
 def max_diff(a, b):
@@ -238,17 +216,30 @@ class TestDeepseekV4(unittest.TestCase):
         inputs = mx.random.randint(0, 300, (2, 70))
         both = model(inputs)
         for i in range(2):
-            self.assertLessEqual(max_diff(both[i : i + 1], model(inputs[i : i + 1])), 1e-5)
+            self.assertLessEqual(
+                max_diff(both[i : i + 1], model(inputs[i : i + 1])), 1e-5
+            )
 
     def test_decode_and_chunked_prefill_equal_one_forward(self):
-        model = make_tiny_model()
+        # One layer of each type, to keep the 600 decode steps quick.
+        config = {
+            **TINY_CONFIG,
+            "num_hidden_layers": 3,
+            "layer_types": [
+                "compressed_sparse_attention",
+                "heavily_compressed_attention",
+                "sliding_attention",
+            ],
+            "mlp_layer_types": ["hash_moe", "moe", "moe"],
+        }
+        model = make_tiny_model(config)
         mx.random.seed(2)
         n = 600
         inputs = mx.random.randint(0, 300, (1, n))
         full = model(inputs)
         mx.eval(full)
         # Split points with different phases of every window and rate.
-        for split in (1, 290, 571):
+        for split in (1, 530, 571):
             with self.subTest(split=split):
                 cache = model.make_cache()
                 outs = [model(inputs[:, :split], cache)]
@@ -260,7 +251,9 @@ class TestDeepseekV4(unittest.TestCase):
         for step in (7, 64, 250):
             with self.subTest(step=step):
                 cache = model.make_cache()
-                outs = [model(inputs[:, i : i + step], cache) for i in range(0, n, step)]
+                outs = [
+                    model(inputs[:, i : i + step], cache) for i in range(0, n, step)
+                ]
                 out = mx.concatenate(outs, axis=1)
                 self.assertLessEqual(max_diff(out, full), 1e-4)
 
@@ -268,7 +261,7 @@ class TestDeepseekV4(unittest.TestCase):
         model = make_tiny_model()
         cache = model.make_cache()
         model(mx.zeros((1, 64), dtype=mx.int32), cache)
-        csa, hca = cache[1][1], cache[2][1]
+        csa, hca = cache[1].compressor, cache[2].compressor
         self.assertEqual((csa.entries, hca.entries), (16, 4))
         # Storage is allocated in steps and written by slice assignment.
         self.assertEqual(csa.pool.shape[1], CompressorCache.step)
@@ -276,6 +269,11 @@ class TestDeepseekV4(unittest.TestCase):
         mx.eval(model(mx.zeros((1, 4), dtype=mx.int32), cache))
         self.assertEqual(csa.entries, 17)
         self.assertEqual(csa.pool.shape, pool.shape)
+
+    def test_caches_are_not_merged_into_batches(self):
+        # The server batches only caches that have merge.
+        model = make_tiny_model()
+        self.assertFalse(any(hasattr(c, "merge") for c in make_prompt_cache(model)))
 
     def test_prompt_cache_save_load_round_trip(self):
         model = make_tiny_model()
@@ -296,52 +294,11 @@ class TestDeepseekV4(unittest.TestCase):
             ["SharedWindowCache", "CompressorCache", "CompressorCache"],
         )
         for a, b in zip(cache, loaded):
-            self.assertEqual(a.nbytes, b.nbytes)
+            self.assertEqual(a.offset, b.offset)
+            self.assertEqual([c.size() for c in a.caches], [c.size() for c in b.caches])
         for i in range(130, 150):
             token = inputs[:, i : i + 1]
             self.assertEqual(max_diff(model(token, cache), model(token, loaded)), 0.0)
-
-    def test_cache_graph_stays_bounded_in_generate_step(self):
-        # Decode as the library does, evaluating only the tokens.
-        config = {
-            **TINY_CONFIG,
-            "num_hidden_layers": 2,
-            "layer_types": TINY_CONFIG["layer_types"][1:3],
-            "mlp_layer_types": ["hash_moe", "moe"],
-        }
-        model = make_tiny_model(config)
-        cache = make_prompt_cache(model)
-        prompt = mx.array([5, 6, 7])
-        worst = []
-        steps = generate_step(prompt, model, max_tokens=2000, prompt_cache=cache)
-        for n, _ in enumerate(steps, 1):
-            if n % 100 == 0:
-                worst.append(max_cache_graph(cache))
-        self.assertEqual(len(worst), 20)
-        self.assertLessEqual(max(worst), GRAPH_BOUND)
-        # The pools hold every entry of the 2,002 decoded tokens.
-        self.assertEqual(cache[0][1].entries, 2002 // 4)
-        self.assertEqual(cache[1][1].entries, 2002 // 16)
-
-    def test_graph_check_catches_fields_left_out_of_the_hook(self):
-        # Negative control: without the hook the fields that the output does
-        # not read (open windows, overlap halves) chain lazily.
-        config = {
-            **TINY_CONFIG,
-            "num_hidden_layers": 2,
-            "layer_types": TINY_CONFIG["layer_types"][1:3],
-            "mlp_layer_types": ["hash_moe", "moe"],
-        }
-        model = make_tiny_model(config)
-        cache = make_prompt_cache(model)
-        prompt = mx.array([5, 6, 7])
-        with mock.patch.object(deepseek_v4, "_cache_arrays", lambda cache: []):
-            for n, _ in enumerate(
-                generate_step(prompt, model, max_tokens=30, prompt_cache=cache), 1
-            ):
-                pass
-            worst = max_cache_graph(cache)
-        self.assertGreater(worst, GRAPH_BOUND)
 
     def test_tiny_folder_loads_and_generates(self):
         from mlx_lm import generate, load
@@ -351,8 +308,9 @@ class TestDeepseekV4(unittest.TestCase):
             model, tokenizer = load(tmp)
             text = generate(model, tokenizer, "The quick brown fox", max_tokens=40)
         self.assertIsInstance(text, str)
-        self.assertIsInstance(model.make_cache()[0], CacheList)
-        self.assertIsInstance(model.make_cache()[0][0], SharedWindowCache)
+        cache = model.make_cache()
+        self.assertIsInstance(cache[0], WindowCompressorCache)
+        self.assertIsInstance(cache[0].window, SharedWindowCache)
 
 
 def transformers_model(config, seed):
@@ -362,7 +320,7 @@ def transformers_model(config, seed):
 
     config = {k: v for k, v in config.items() if k != "model_type"}
     torch.manual_seed(seed)
-    model = DeepseekV4ForCausalLM(DeepseekV4Config(**config, initializer_range=0.2))
+    model = DeepseekV4ForCausalLM(DeepseekV4Config(**config, initializer_range=0.1))
     model = model.float().eval()
     with torch.no_grad():
         # These start at zeros or ones.
@@ -384,7 +342,6 @@ class TestDeepseekV4Transformers(unittest.TestCase):
 
     def test_logits_match_transformers(self):
         import torch
-
         from mlx_lm.utils import load_model
 
         reference = transformers_model(TINY_CONFIG, seed=0)

@@ -10,11 +10,11 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
-from mlx.utils import tree_flatten, tree_map, tree_unflatten
+from mlx.utils import tree_flatten, tree_map
+from mlx_lm.utils import load_model, quantize_model, save_config, save_model
 
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear
-from mlx_lm.utils import load_model, quantize_model, save_config, save_model
 
 try:
     import torch
@@ -51,7 +51,7 @@ CONFIG = {
     "index_n_heads": 2,
     "index_head_dim": 32,
     "index_topk": 2,
-    "compress_ratios": [0, 4, 8, 4, 0],
+    "compress_ratios": [0, 4, 128, 4, 0],
     "num_hash_layers": 1,
     "num_nextn_predict_layers": 1,
     "rope_theta": 10000.0,
@@ -97,6 +97,17 @@ _RELEASE_NAMES = (
     (r"\.down_proj\.", ".w2."),
     (r"\.up_proj\.", ".w3."),
 )
+# This model's names, from transformers' save_pretrained ones.
+_TRANSFORMERS_NAMES = (
+    (r"^head\.", "lm_head."),
+    (r"\.hc_head\.hc_", ".hc_head."),
+    (r"\.hc_(attn|ffn)_", r".\1_hc."),
+    (r"\.attn\.norm\.", ".attn.kv_norm."),
+    (r"\.gate\.bias$", ".gate.e_score_correction_bias"),
+    (r"\.w1\.", ".gate_proj."),
+    (r"\.w2\.", ".down_proj."),
+    (r"\.w3\.", ".up_proj."),
+)
 _FP8 = re.compile(r".*\.(attn\.w\w+|indexer\.wq_b|shared_experts\.w\d)\.weight")
 _FP4_VALUES = (0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6)
 _FLOAT32 = re.compile(r".*(hc_|ape|attn_sink|\.bias$)")
@@ -121,6 +132,14 @@ def _random_weights(config, seed=0):
             array = 0.5 + rng.random(shape)
         else:
             array = rng.standard_normal(shape) / np.sqrt(shape[-1])
+            # Vary the magnitude between 128x128 blocks and between groups of
+            # 32 in a row, so that the scales of a layer differ.
+            *lead, rows, cols = shape
+            tiles = rng.integers(-2, 3, (*lead, -(-rows // 128), -(-cols // 128)))
+            tiles = tiles.repeat(128, -2)[..., :rows, :].repeat(128, -1)
+            groups = rng.integers(-1, 2, (*lead, rows, -(-cols // 32)))
+            exponent = tiles[..., :cols] + groups.repeat(32, -1)[..., :cols]
+            array = array * 2.0**exponent
         weights[name] = mx.array(array.astype(np.float32))
     return weights
 
@@ -259,6 +278,26 @@ def _community_predicate(path, module):
     return {"group_size": 64, "bits": 8, "mode": "affine"}
 
 
+class TestScaleLayout(unittest.TestCase):
+    def test_float_power_of_two_scales_equal_ue8m0(self):
+        weight = mx.random.randint(0, 120, (200, 320)).astype(mx.uint8)
+        exponents = mx.random.randint(120, 130, (2, 3)).astype(mx.uint8)
+        scales = mx.power(2.0, exponents.astype(mx.float32) - 127)
+        packed, expected = deepseek_v4._to_mx_format(weight, exponents, (128, 128))
+        _, got = deepseek_v4._to_mx_format(weight, scales, (128, 128))
+        self.assertTrue(mx.array_equal(got, expected))
+        self.assertEqual(packed.shape, (200, 80))
+        # One scale per row and 32 columns, from the block that holds them.
+        self.assertEqual(expected.shape, (200, 10))
+        self.assertEqual(expected[130, 4].item(), exponents[1, 1].item())
+        self.assertEqual(expected[127, 9].item(), exponents[0, 2].item())
+
+        with self.assertRaisesRegex(ValueError, "powers of two"):
+            deepseek_v4._to_mx_format(weight, scales * 1.5, (128, 128))
+        with self.assertRaisesRegex(ValueError, r"\(2, 2\)"):
+            deepseek_v4._to_mx_format(weight, exponents[:, :2], (128, 128))
+
+
 class TestReleasedFormat(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -270,20 +309,19 @@ class TestReleasedFormat(unittest.TestCase):
     def tearDownClass(cls):
         cls.tmp.cleanup()
 
-    def _write_release(self, name, expert_dtype="fp4"):
+    def _write_release(self, name, expert_dtype="fp4", tag_experts=True):
         tensors = _release_tensors(self.weights, expert_dtype)
         config = dict(CONFIG, quantization_config=dict(FP8_CONFIG))
-        if expert_dtype == "fp4":
-            config["quantization_config"]["expert_dtype"] = "fp4"
+        if tag_experts:
+            config["quantization_config"]["expert_dtype"] = expert_dtype
         _write(self.path / name, tensors, config)
         reference = dict(CONFIG)
         _write(self.path / f"{name}-dequantized", _dequantized(tensors), reference)
         return self.path / name, self.path / f"{name}-dequantized"
 
     def _check_against_dequantized(self, path, reference, expert_mode):
-        model, config = load_model(path)
+        model, _ = load_model(path)
         expected, _ = load_model(reference)
-        self.assertEqual(config["quantization"]["mode"], "mxfp8")
 
         modes = _quantized_layers(model)
         for layer in range(CONFIG["num_hidden_layers"]):
@@ -319,16 +357,31 @@ class TestReleasedFormat(unittest.TestCase):
         out = _float32(model)(TOKENS)
         ref = _float32(expected)(TOKENS)
         self.assertFalse(mx.any(mx.isnan(out)).item())
-        self.assertLessEqual(mx.abs(out - ref).max().item(), 1e-4)
+        self.assertTrue(mx.allclose(out, ref, rtol=1e-4, atol=1e-4))
+        return model, expected
 
     @unittest.skipIf(torch is None, "needs torch, safetensors and transformers")
     def test_fp8_weights_and_fp4_experts_load_packed(self):
         path, reference = self._write_release("release")
+        model, expected = self._check_against_dequantized(path, reference, "mxfp4")
+
+        # Decoding (one token per step through the packed experts) too.
+        caches = model.make_cache(), expected.make_cache()
+        prompt = mx.tile(TOKENS, (1, 4))
+        out, ref = model(prompt, caches[0]), expected(prompt, caches[1])
+        for _ in range(16):
+            token = mx.argmax(out[:, -1:], axis=-1)
+            out, ref = model(token, caches[0]), expected(token, caches[1])
+            self.assertTrue(mx.allclose(out, ref, rtol=1e-4, atol=1e-4))
+        # The first V4-Flash config did not say the experts are fp4.
+        path, reference = self._write_release("release-untagged", tag_experts=False)
         self._check_against_dequantized(path, reference, "mxfp4")
 
     @unittest.skipIf(torch is None, "needs torch, safetensors and transformers")
     def test_fp8_experts_load_packed(self):
-        path, reference = self._write_release("release-fp8", expert_dtype="fp8")
+        path, reference = self._write_release(
+            "release-fp8", expert_dtype="fp8", tag_experts=False
+        )
         self._check_against_dequantized(path, reference, "mxfp8")
 
     @unittest.skipIf(torch is None, "needs torch, safetensors and transformers")
@@ -380,11 +433,65 @@ class TestReleasedFormat(unittest.TestCase):
         # Nothing is half loaded into a model either.
         model = deepseek_v4.Model(deepseek_v4.ModelArgs.from_dict(config))
         before = dict(tree_flatten(model.parameters()))
-        weights = {k: mx.array(v.float().numpy()) for k, v in tensors.items()}
+        weights = {}
+        for shard in (self.path / "bad").glob("*.safetensors"):
+            weights.update(mx.load(str(shard)))
         with self.assertRaises(ValueError):
             model.load_weights(list(model.sanitize(weights).items()))
         after = dict(tree_flatten(model.parameters()))
         self.assertTrue(all(after[k] is v for k, v in before.items()))
+
+
+class TestTransformersLayout(unittest.TestCase):
+    @unittest.skipIf(torch is None, "needs torch, safetensors and transformers")
+    def test_save_pretrained_loads_every_tensor(self):
+        from safetensors import safe_open
+        from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+
+        config = {
+            k: v
+            for k, v in CONFIG.items()
+            if k not in ("compress_ratios", "num_hash_layers", "rope_scaling")
+        }
+        config["layer_types"] = [
+            "sliding_attention",
+            "compressed_sparse_attention",
+            "heavily_compressed_attention",
+            "compressed_sparse_attention",
+        ]
+        config["compress_rates"] = {
+            "compressed_sparse_attention": 4,
+            "heavily_compressed_attention": 8,
+        }
+        config["mlp_layer_types"] = ["hash_moe", "moe", "moe", "moe"]
+        torch.manual_seed(0)
+        reference = DeepseekV4ForCausalLM(DeepseekV4Config(**config))
+        for param in reference.parameters():
+            torch.nn.init.normal_(param, std=0.05)
+        with tempfile.TemporaryDirectory() as tmp:
+            reference.save_pretrained(tmp)
+            model, _ = load_model(Path(tmp))
+            with safe_open(str(Path(tmp) / "model.safetensors"), "pt") as f:
+                saved = {k: f.get_tensor(k) for k in f.keys()}
+
+        # transformers writes DeepSeek's names under "model.", with a few of
+        # its own (hc_head.hc_fn, attn.norm for kv_norm).
+        self.assertIn("model.layers.0.attn.norm.weight", saved)
+        self.assertIn("model.hc_head.hc_fn", saved)
+        params = dict(tree_flatten(model.parameters()))
+        unread = set(params)
+        for key, value in saved.items():
+            name, expert = key, None
+            for old, new in _TRANSFORMERS_NAMES:
+                name = re.sub(old, new, name)
+            if match := re.fullmatch(r"(.+)\.experts\.(\d+)\.(.+)", name):
+                name = f"{match[1]}.switch_mlp.{match[3]}"
+                expert = int(match[2])
+            loaded = params[name] if expert is None else params[name][expert]
+            value = value.numpy().reshape(loaded.shape)
+            self.assertTrue(np.array_equal(np.array(loaded), value), key)
+            unread.discard(name)
+        self.assertEqual(unread, set())
 
 
 class TestMLXConversions(unittest.TestCase):
@@ -424,21 +531,29 @@ class TestMLXConversions(unittest.TestCase):
         self.assertTrue(mx.array_equal(model(TOKENS), self.expected))
 
     def test_early_upload_names_load(self):
+        def early_name(name):
+            name = name.replace("model.embed_tokens", "embed")
+            name = name.replace("lm_head", "head")
+            name = name.replace(".attn_hc.", ".hc_attn.")
+            name = name.replace(".switch_mlp.gate_proj", ".experts.w1")
+            name = name.replace(".switch_mlp.down_proj", ".experts.w2")
+            return name.replace(".switch_mlp.up_proj", ".experts.w3")
+
         weights = {}
         for name, value in self.weights.items():
-            name = name.replace("model.embed_tokens.", "embed.")
-            name = name.replace("lm_head.", "head.")
-            name = re.sub(r"\.attn_hc\.", ".hc_attn.", name)
-            name = re.sub(r"\.switch_mlp\.gate_proj\.", ".experts.w1.", name)
-            name = re.sub(r"\.switch_mlp\.down_proj\.", ".experts.w2.", name)
-            name = re.sub(r"\.switch_mlp\.up_proj\.", ".experts.w3.", name)
             if ".attn.wo_a." in name:
                 for g in range(value.shape[0]):
                     weights[name.replace(".wo_a.", f".wo_a.{g}.")] = value[g]
-                continue
-            weights[name] = value
-        path = self._save("early", weights, self.config)
+            else:
+                weights[early_name(name)] = value
+        # Their per-layer quantization entries used the same names.
+        config = copy.deepcopy(self.config)
+        config["quantization"] = {
+            early_name(k): v for k, v in config["quantization"].items()
+        }
+        path = self._save("early", weights, config)
         model, _ = load_model(path)
+        self.assertEqual(_quantized_layers(model), _quantized_layers(self.model))
         self.assertTrue(mx.array_equal(model(TOKENS), self.expected))
 
     def test_unmappable_keys_are_named(self):
@@ -464,7 +579,11 @@ class TestMLXConversions(unittest.TestCase):
                     "quantization": {
                         "group_size": 64,
                         "bits": 8,
-                        "model.layers.0.attn.wq_a": {"group_size": 64, "bits": 8, "mode": "mxfp8"},
+                        "model.layers.0.attn.wq_a": {
+                            "group_size": 64,
+                            "bits": 8,
+                            "mode": "mxfp8",
+                        },
                     }
                 },
                 "quantization.model.layers.0.attn.wq_a",

@@ -8,8 +8,9 @@ import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
 
+from ..utils import infer_quant_config
 from .base import BaseModelArgs
-from .cache import CacheList, CompressorCache, SharedWindowCache
+from .cache import CompressorCache, SharedWindowCache, WindowCompressorCache
 from .deepseek_v41 import (
     DeepseekV41SwiGLU,
     HyperConnection,
@@ -245,9 +246,10 @@ class Indexer(nn.Module):
         batch, length, _ = x.shape
         q = self.wq_b(qr).reshape(batch, length, self.n_heads, self.head_dim)
         q = _apply_rope(q, rope, rope_dim=self.rope_dim, offset=offset)
-        scores = q.astype(mx.float32) @ keys.astype(mx.float32)[:, None].swapaxes(
-            -1, -2
-        )
+        # In the keys' dtype: a float32 copy of the whole pool per step costs
+        # more than it gains (DeepSeek's code even rounds these to fp4).
+        scores = q.astype(keys.dtype) @ keys[:, None].swapaxes(-1, -2)
+        scores = scores.astype(mx.float32)
         scores = mx.maximum(scores, 0.0) * self.head_dim**-0.5
         weights = self.weights_proj(x).astype(mx.float32) * self.n_heads**-0.5
         scores = mx.sum(scores * weights[..., None], axis=2)
@@ -298,7 +300,9 @@ class Attention(nn.Module):
         if self.kind == CSA:
             self.indexer = Indexer(args, ratio)
 
-    def __call__(self, x: mx.array, offset: int, cache: CacheList) -> mx.array:
+    def __call__(
+        self, x: mx.array, offset: int, cache: WindowCompressorCache
+    ) -> mx.array:
         batch, length, _ = x.shape
         qr = self.q_norm(self.wq_a(x))
         q = self.wq_b(qr).reshape(batch, length, self.n_heads, self.head_dim)
@@ -308,7 +312,7 @@ class Attention(nn.Module):
         kv = _apply_rope(kv, self.rope, rope_dim=self.rope_dim, offset=offset)
 
         # Window keys: the kept rows, then the new ones.
-        window = cache[0].update_and_fetch(kv)
+        window = cache.window.update_and_fetch(kv)
         q_pos = offset + mx.arange(length)[:, None]
         k_pos = offset - (window.shape[1] - length) + mx.arange(window.shape[1])
         mask = (k_pos <= q_pos) & (k_pos > q_pos - self.window)
@@ -319,9 +323,9 @@ class Attention(nn.Module):
         # Compressed keys: all visible entries (HCA) or the indexer's top-k (CSA).
         pool = picked = None
         if self.kind != SLIDING:
-            pool = self.compressor(x, self.rope, cache[1])
+            pool = self.compressor(x, self.rope, cache.compressor)
         if self.kind == CSA:
-            chosen = self.indexer(x, qr, self.rope, offset, cache[2])
+            chosen = self.indexer(x, qr, self.rope, offset, cache.indexer)
             if chosen is not None:
                 picked = _gather_rows(pool, chosen).astype(mx.float32)
                 s = (q.transpose(0, 2, 1, 3) @ picked.swapaxes(-1, -2)) * self.scale
@@ -416,7 +420,11 @@ class DecoderLayer(nn.Module):
         self.ffn_hc = HyperConnection(args)
 
     def __call__(
-        self, h: mx.array, input_ids: mx.array, offset: int, cache: CacheList
+        self,
+        h: mx.array,
+        input_ids: mx.array,
+        offset: int,
+        cache: WindowCompressorCache,
     ) -> mx.array:
         pre, post, comb = self.attn_hc(h)
         x = self.attn(self.attn_norm(_collapse(h, pre)), offset, cache)
@@ -442,7 +450,7 @@ class HyperHead(nn.Module):
         return _collapse(h, pre)
 
 
-def _cache_arrays(cache: List[CacheList]) -> List[mx.array]:
+def _cache_arrays(cache: List[WindowCompressorCache]) -> List[mx.array]:
     return [
         v
         for layer_cache in cache
@@ -461,11 +469,13 @@ class DeepseekV4Model(nn.Module):
         self.hc_head = HyperHead(args)
         self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
-    def __call__(self, inputs: mx.array, cache: List[CacheList]) -> mx.array:
+    def __call__(
+        self, inputs: mx.array, cache: List[WindowCompressorCache]
+    ) -> mx.array:
         h = self.embed_tokens(inputs)
         batch, length, dims = h.shape
         h = mx.broadcast_to(h[:, :, None], (batch, length, self.hc_mult, dims))
-        offset = cache[0][0].offset
+        offset = cache[0].offset
         for layer, layer_cache in zip(self.layers, cache):
             h = layer(h, inputs, offset, layer_cache)
         out = self.norm(self.hc_head(h))
@@ -603,7 +613,7 @@ class Model(nn.Module):
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
 
     def __call__(
-        self, inputs: mx.array, cache: Optional[List[CacheList]] = None
+        self, inputs: mx.array, cache: Optional[List[WindowCompressorCache]] = None
     ) -> mx.array:
         if cache is None:
             cache = self.make_cache()
@@ -613,24 +623,16 @@ class Model(nn.Module):
     def layers(self):
         return self.model.layers
 
-    def make_cache(self) -> List[CacheList]:
+    def make_cache(self) -> List[WindowCompressorCache]:
         caches = []
         for kind in self.args.layer_types:
-            window = SharedWindowCache(self.args.sliding_window)
-            if kind == SLIDING:
-                caches.append(CacheList(window))
-                continue
-            ratio = self.args.compress_rates[kind]
-            if kind == HCA:
-                caches.append(CacheList(window, CompressorCache(ratio)))
-            else:
-                caches.append(
-                    CacheList(
-                        window,
-                        CompressorCache(ratio, overlap=True),
-                        CompressorCache(ratio, overlap=True),
-                    )
-                )
+            cache = WindowCompressorCache(SharedWindowCache(self.args.sliding_window))
+            if kind != SLIDING:
+                ratio = self.args.compress_rates[kind]
+                cache.compressor = CompressorCache(ratio, overlap=kind == CSA)
+            if kind == CSA:
+                cache.indexer = CompressorCache(ratio, overlap=True)
+            caches.append(cache)
         return caches
 
     def sanitize(self, weights: Dict[str, mx.array]) -> Dict[str, mx.array]:
@@ -640,7 +642,8 @@ class Model(nn.Module):
         one error naming every key it cannot map.
         """
         args = self.args
-        block = tuple((args.quantization_config or {}).get("weight_block_size", ()))
+        config = args.quantization_config or {}
+        block = tuple(config.get("weight_block_size", (128, 128)))
         problems = {}
         # MLX name -> (checkpoint key, array)
         clean, parts = {}, {}
@@ -663,15 +666,17 @@ class Model(nn.Module):
             members = parts.setdefault(group, {}).setdefault(kind, {})
             members[int(index)] = (key, value)
         for (prefix, count), kinds in parts.items():
-            for kind, members in kinds.items():
-                key = members[min(members)][0]
-                if sorted(members) != list(range(count)):
-                    missing = sorted(set(range(count)) - set(members))
-                    extra = sorted(set(members) - set(range(count)))
+            complete = True
+            for members in kinds.values():
+                missing = sorted(set(range(count)) - set(members))
+                extra = sorted(set(members) - set(range(count)))
+                if missing or extra:
+                    key = members[min(members)][0]
                     problems[key] = f"parts missing {missing}, unexpected {extra}"
-                    continue
+                    complete = False
+            for kind, members in kinds.items() if complete else ():
                 value = mx.stack([members[i][1] for i in range(count)])
-                clean[f"{prefix}.{kind}"] = (key, value)
+                clean[f"{prefix}.{kind}"] = (members[0][0], value)
 
         # fp8 (uint8) and fp4 (int8) weights with one ue8m0 scale per block.
         for name in [n for n in clean if n.endswith(".scale")]:
@@ -680,10 +685,10 @@ class Model(nn.Module):
             if weight is None or weight.dtype not in (mx.uint8, mx.int8):
                 continue
             try:
-                fp_block = block or (128, 128)
-                weight, scales = _to_mx_format(weight, clean.pop(name)[1], fp_block)
+                weight, scales = _to_mx_format(weight, clean.pop(name)[1], block)
             except ValueError as e:
                 problems[key] = str(e)
+                del clean[f"{prefix}.weight"]
                 continue
             clean[f"{prefix}.weight"] = (key, weight)
             clean[f"{prefix}.scales"] = (key, scales)
@@ -717,6 +722,16 @@ class Model(nn.Module):
                 f"Cannot load {len(problems)} DeepSeek-V4 checkpoint keys:\n"
                 + "\n".join(f"  {k}: {why}" for k, why in sorted(problems.items()))
             )
+        if args.quantization is None:
+            # No MLX quantization config names the layers that DeepSeek ships
+            # packed (and convert keeps packed), so their scales do.
+            def packed(path, module):
+                scales = out.get(f"{path}.scales")
+                if scales is None or not hasattr(module, "to_quantized"):
+                    return False
+                return infer_quant_config(path, module, out)
+
+            nn.quantize(self, class_predicate=packed)
         return out
 
     @property

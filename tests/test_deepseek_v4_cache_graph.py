@@ -1,0 +1,77 @@
+# Copyright © 2026 Apple Inc.
+
+import io
+import unittest
+from unittest import mock
+
+import mlx.core as mx
+from mlx_lm.generate import generate_step
+from test_deepseek_v4 import TINY_CONFIG, make_tiny_model
+
+from mlx_lm.models import deepseek_v4
+from mlx_lm.models.cache import make_prompt_cache
+
+GRAPH_BOUND = 8
+
+# A CSA and an HCA layer.
+SMALL_CONFIG = {
+    **TINY_CONFIG,
+    "num_hidden_layers": 2,
+    "layer_types": TINY_CONFIG["layer_types"][1:3],
+    "mlp_layer_types": ["hash_moe", "moe"],
+}
+
+
+def graph_edges(a):
+    """Edges of the unevaluated graph behind a (0 once it is evaluated)."""
+    f = io.StringIO()
+    mx.export_to_dot(f, a)
+    return f.getvalue().count("->")
+
+
+def max_cache_graph(cache):
+    """The largest graph behind any array that any layer's cache holds."""
+    return max(
+        graph_edges(v)
+        for layer_cache in cache
+        for c in layer_cache.caches
+        for v in vars(c).values()
+        if isinstance(v, mx.array)
+    )
+
+
+class TestDeepseekV4CacheGraph(unittest.TestCase):
+
+    def test_cache_graph_stays_bounded_in_generate_step(self):
+        # Decode as the library does, evaluating only the tokens.
+        model = make_tiny_model(SMALL_CONFIG)
+        cache = make_prompt_cache(model)
+        prompt = mx.array([5, 6, 7])
+        worst = []
+        steps = generate_step(prompt, model, max_tokens=2000, prompt_cache=cache)
+        for n, _ in enumerate(steps, 1):
+            if n % 100 == 0:
+                worst.append(max_cache_graph(cache))
+        self.assertEqual(len(worst), 20)
+        self.assertLessEqual(max(worst), GRAPH_BOUND)
+        # The pools hold every entry of the 2,002 decoded tokens.
+        self.assertEqual(cache[0].compressor.entries, 2002 // 4)
+        self.assertEqual(cache[1].compressor.entries, 2002 // 16)
+
+    def test_graph_check_catches_fields_left_out_of_the_hook(self):
+        # Negative control: without the hook, the rows of an open window,
+        # which the output does not read until the window closes, chain
+        # lazily (103 tokens leave 7 rows in the HCA layer's open window).
+        model = make_tiny_model(SMALL_CONFIG)
+        cache = make_prompt_cache(model)
+        prompt = mx.array([5, 6, 7])
+        with mock.patch.object(deepseek_v4, "_cache_arrays", lambda cache: []):
+            for _ in generate_step(prompt, model, max_tokens=100, prompt_cache=cache):
+                pass
+            worst = max_cache_graph(cache)
+        self.assertIsNotNone(cache[1].compressor.pending_kv)
+        self.assertGreater(worst, GRAPH_BOUND)
+
+
+if __name__ == "__main__":
+    unittest.main()
