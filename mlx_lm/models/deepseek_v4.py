@@ -6,6 +6,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.nn.layers.distributed import shard_inplace, shard_linear, sum_gradients
 from mlx.utils import tree_flatten
 
 from ..utils import infer_quant_config
@@ -401,12 +402,18 @@ class MoE(nn.Module):
             activation=DeepseekV41SwiGLU(args.swiglu_limit),
         )
         self.shared_experts = SharedMLP(args)
+        self.sharding_group = None
 
     def __call__(self, x: mx.array, input_ids: mx.array) -> mx.array:
+        if self.sharding_group is not None:
+            x = sum_gradients(self.sharding_group)(x)
         inds, weights = self.gate(x, input_ids)
         y = self.switch_mlp(x, inds)
         y = mx.sum(y * weights[..., None].astype(y.dtype), axis=-2)
-        return y.astype(x.dtype) + self.shared_experts(x)
+        y = y.astype(x.dtype) + self.shared_experts(x)
+        if self.sharding_group is not None:
+            y = mx.distributed.all_sum(y, group=self.sharding_group)
+        return y
 
 
 class DecoderLayer(nn.Module):
@@ -634,6 +641,36 @@ class Model(nn.Module):
                 cache.indexer = CompressorCache(ratio, overlap=True)
             caches.append(cache)
         return caches
+
+    def shard(self, group: Optional[mx.distributed.Group] = None) -> None:
+        group = group or mx.distributed.init()
+        size, rank = group.size(), group.rank()
+        fields = ("num_attention_heads", "o_groups", "moe_intermediate_size")
+        values = {f: getattr(self.args, f) for f in fields}
+        bad = [f"`{f}` {v}" for f, v in values.items() if v % size]
+        if bad:
+            raise ValueError(
+                f"Cannot shard DeepSeek-V4 over {size} ranks: {size} does not "
+                f"divide {', '.join(bad)}."
+            )
+        for layer in self.layers:
+            # Each rank keeps whole output groups, so their heads, and sums wo_b.
+            attn = layer.attn
+            attn.wq_b = shard_linear(attn.wq_b, "all-to-sharded", group=group)
+            shard_inplace(attn.wo_a, lambda path, weight: 0, group=group)
+            attn.wo_b = shard_linear(attn.wo_b, "sharded-to-all", group=group)
+            attn.n_heads //= size
+            attn.o_groups //= size
+            attn._group_ids = mx.arange(attn.o_groups)[None]
+            heads = slice(rank * attn.n_heads, (rank + 1) * attn.n_heads)
+            attn.attn_sink = attn.attn_sink[heads]
+
+            # Every expert keeps a slice of its hidden units; the MoE sums.
+            layer.ffn.sharding_group = group
+            for mlp in (layer.ffn.switch_mlp, layer.ffn.shared_experts):
+                shard_inplace(mlp.gate_proj, "all-to-sharded", group=group)
+                shard_inplace(mlp.up_proj, "all-to-sharded", group=group)
+                shard_inplace(mlp.down_proj, "sharded-to-all", group=group)
 
     def sanitize(self, weights: Dict[str, mx.array]) -> Dict[str, mx.array]:
         """Map every known checkpoint layout onto this model's names.
