@@ -150,29 +150,10 @@ def graph_edges(a):
     return f.getvalue().count("->")
 
 
-def run(model, steps, every, prompt):
-    gen = BatchGenerator(model, stop_tokens=set(), max_tokens=steps + 1)
-    gen.insert([prompt])
-    rows, elapsed, done = [], 0.0, 0
-    while done < steps:
-        tic = time.perf_counter()
-        for _ in range(min(every, steps - done)):
-            gen.next_generated()
-        batch = gen._generation_batch
-        mx.eval(batch._next_tokens)
-        elapsed_block = time.perf_counter() - tic
-        n = min(every, steps - done)
-        done += n
-        elapsed += elapsed_block
-        caches = batch.prompt_cache
-        arrays = [c for c in caches if isinstance(c, ArraysCache)]
-        graph = max(
-            max(graph_edges(c.lengths), graph_edges(c.left_padding)) for c in arrays
-        )
-        held = mx.get_active_memory() - sum(c.nbytes for c in caches)
-        rows.append((done, n / elapsed_block, held / 1e3, graph))
-    gen.close()
-    return rows, steps / elapsed
+def held_memory(gens):
+    """Active memory less what the caches of all generators store."""
+    stored = sum(c.nbytes for g in gens for c in g._generation_batch.prompt_cache)
+    return mx.get_active_memory() - stored
 
 
 def main():
@@ -192,28 +173,61 @@ def main():
     model = qwen3_5.Model(qwen3_5.ModelArgs.from_dict(CONFIG))
     mx.eval(model.parameters())
     n_linear = sum(l.is_linear for l in model.layers)
-    prompt = [1, 2, 3, 4, 5, 6, 7, 8]
     print(
         f"qwen3_5, {len(model.layers)} layers ({n_linear} linear), "
         f"{args.steps} decode steps, mlx {mx.__version__}, {mx.default_device()}"
     )
 
-    totals = {}
+    # One request per variant. The variants take turns, a block of steps
+    # each, in a rotating order, so that drift in the machine's speed is
+    # shared; a variant's memory is the change over its own blocks.
+    gens = {}
     for name in variants:
+        gens[name] = BatchGenerator(
+            model, stop_tokens=set(), max_tokens=args.steps + 10
+        )
+        gens[name].insert([[1, 2, 3, 4, 5, 6, 7, 8]])
         with variant(name, pristine):
-            rows, tps = run(model, args.steps, args.every, prompt)
-        totals[name] = tps
+            gens[name].next_generated()  # prefill and first token, not timed
+    time_taken = {name: 0.0 for name in variants}
+    held = {name: 0 for name in variants}
+    rows = {name: [] for name in variants}
+    done = 0
+    while done < args.steps:
+        n = min(args.every, args.steps - done)
+        k = (done // args.every) % len(variants)
+        for name in variants[k:] + variants[:k]:
+            gen = gens[name]
+            with variant(name, pristine):
+                before = held_memory(gens.values())
+                tic = time.perf_counter()
+                for _ in range(n):
+                    gen.next_generated()
+                mx.eval(gen._generation_batch._next_tokens)
+                toc = time.perf_counter()
+                held[name] += held_memory(gens.values()) - before
+                graph = max(
+                    max(graph_edges(c.lengths), graph_edges(c.left_padding))
+                    for c in gen._generation_batch.prompt_cache
+                    if isinstance(c, ArraysCache)
+                )
+            time_taken[name] += toc - tic
+            rows[name].append((done + n, n / (toc - tic), held[name] / 1e3, graph))
+        done += n
+
+    for name in variants:
         print(f"\n{name}")
-        print(f"{'step':>6} {'tok/s':>8} {'held KB':>9} {'graph':>6}")
-        for step, block_tps, held, graph in rows:
-            print(f"{step:>6} {block_tps:>8.1f} {held:>9.1f} {graph:>6}")
-        mx.clear_cache()
+        print(f"{'step':>6} {'tok/s':>8} {'grown KB':>9} {'graph':>6}")
+        for step, tps, kb, graph in rows[name]:
+            print(f"{step:>6} {tps:>8.1f} {kb:>+9.1f} {graph:>6}")
 
     print(f"\n{'variant':>9} {'tok/s':>8} {'ratio':>6}")
-    base = totals.get("pristine")
-    for name, tps in totals.items():
-        ratio = f"{tps / base:>6.3f}" if base else ""
-        print(f"{name:>9} {tps:>8.1f} {ratio}")
+    tps = {name: args.steps / t for name, t in time_taken.items()}
+    for name in variants:
+        ratio = tps[name] / tps["pristine"] if "pristine" in tps else float("nan")
+        print(f"{name:>9} {tps[name]:>8.1f} {ratio:>6.3f}")
+    for gen in gens.values():
+        gen.close()
 
 
 if __name__ == "__main__":
