@@ -3,11 +3,13 @@
 
 A tiny random qwen3_5 with 48 linear-attention layers (Qwen3.8-27B's count)
 decodes through ``BatchGenerator``, which evaluates only the tokens, as
-``mlx_lm.server`` does. Every ``--every`` steps it prints, for each variant,
-tokens/s of the last steps, active memory minus the caches' ``nbytes`` and the
-largest unevaluated graph behind any ``lengths`` or ``left_padding``.
+``mlx_lm.server`` does. One request per variant, on the same weights; the
+variants take turns, ``--every`` steps each. After each turn it prints the
+variant's tokens/s, how much its active memory less the caches' ``nbytes`` has
+grown since its first token, and the largest unevaluated graph behind any
+``lengths`` or ``left_padding``; at the end, tokens/s and the ratio to 0.32.2.
 
-Variants, run one after the other on the same weights and prompts:
+Variants:
   pristine  ArraysCache as released in mlx-lm 0.32.2
   fork      this fork
   depends   the fork's advance alone (merged empty caches keep zero padding)
@@ -103,6 +105,8 @@ def pending_methods():
 
 
 def _source(member):
+    if isinstance(member, property):
+        return "".join(_source(f) or "" for f in (member.fget, member.fset))
     member = getattr(member, "__func__", member)
     return inspect.getsource(member) if inspect.isfunction(member) else None
 
@@ -191,8 +195,8 @@ def main():
             gens[name].next_generated()  # prefill and first token, not timed
     time_taken = {name: 0.0 for name in variants}
     held = {name: 0 for name in variants}
-    rows = {name: [] for name in variants}
     done = 0
+    print(f"\n{'step':>6} {'variant':>9} {'tok/s':>8} {'grown KB':>9} {'graph':>6}")
     while done < args.steps:
         n = min(args.every, args.steps - done)
         k = (done // args.every) % len(variants)
@@ -212,14 +216,12 @@ def main():
                     if isinstance(c, ArraysCache)
                 )
             time_taken[name] += toc - tic
-            rows[name].append((done + n, n / (toc - tic), held[name] / 1e3, graph))
+            print(
+                f"{done + n:>6} {name:>9} {n / (toc - tic):>8.1f} "
+                f"{held[name] / 1e3:>+9.1f} {graph:>6}",
+                flush=True,
+            )
         done += n
-
-    for name in variants:
-        print(f"\n{name}")
-        print(f"{'step':>6} {'tok/s':>8} {'grown KB':>9} {'graph':>6}")
-        for step, tps, kb, graph in rows[name]:
-            print(f"{step:>6} {tps:>8.1f} {kb:>+9.1f} {graph:>6}")
 
     print(f"\n{'variant':>9} {'tok/s':>8} {'ratio':>6}")
     tps = {name: args.steps / t for name, t in time_taken.items()}

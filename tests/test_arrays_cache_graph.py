@@ -15,9 +15,8 @@ from mlx_lm.models.cache import ArraysCache, CacheList
 _KDA = {"num_heads": 2, "head_dim": 16, "short_conv_kernel_size": 3}
 
 # Every model of mlx-lm 0.32.2 whose layers call ArraysCache.advance, with a
-# tiny config of two ArraysCache layers and one other layer. The second
-# ArraysCache layer does not build the mask, so nothing else reads its
-# metadata in decode.
+# tiny config that has two ArraysCache layers: the second does not build the
+# mask, so in decode only the fix evaluates its metadata.
 ADVANCING_MODELS = {
     "bailing_hybrid": {
         "hidden_size": 32,
@@ -422,6 +421,12 @@ class TestArraysCacheGraph(unittest.TestCase):
         other.advance(1)
         self.assertEqual(other.left_padding.tolist(), [-1, 2])
 
+        other = ArraysCache.merge([ArraysCache(2)])
+        other.state = ArraysCache(2, left_padding=[3]).state
+        other[0] = mx.zeros((1, 2, 4))
+        other.advance(1)
+        self.assertEqual(other.left_padding.tolist(), [2])
+
     def test_layers_read_the_tied_entry_before_writing_it(self):
         # advance ties the metadata to the first array the cache holds; the
         # next step must read that array, or the metadata is never evaluated.
@@ -486,16 +491,17 @@ class TestArraysCacheGraph(unittest.TestCase):
     def _batch_matches_single(self, prompts, join=None):
         model = self.qwen3_5
         steps = 300
+        join_step, join_prompt = join or (None, None)
         gen = BatchGenerator(model, stop_tokens=set())
         uids = gen.insert(prompts, max_tokens=[steps] * len(prompts))
-        if join is not None:
-            join_step, join_prompt = join
+        lengths = [steps] * len(prompts)
         results = {}
         step = 0
         while True:
-            if join is not None and step == join_step:
-                uids += gen.insert([join_prompt], max_tokens=[steps - join_step])
+            if step == join_step:
+                uids += gen.insert([join_prompt], max_tokens=[steps - step])
                 prompts = prompts + [join_prompt]
+                lengths.append(steps - step)
             responses = gen.next_generated()
             if not responses:
                 break
@@ -508,12 +514,10 @@ class TestArraysCacheGraph(unittest.TestCase):
             self.assertLessEqual(metadata_edges(gen._prompt_batch.prompt_cache), 16)
         gen.close()
 
-        for uid, prompt in zip(uids, prompts):
-            batch_results = results[uid]
-            single = generate_step(
-                mx.array(prompt), model, max_tokens=len(batch_results)
-            )
-            for (token, logprobs), (b_token, b_logprobs) in zip(single, batch_results):
+        for uid, prompt, length in zip(uids, prompts, lengths):
+            self.assertEqual(len(results[uid]), length)
+            single = generate_step(mx.array(prompt), model, max_tokens=length)
+            for (token, logprobs), (b_token, b_logprobs) in zip(single, results[uid]):
                 self.assertEqual(token, b_token)
                 self.assertTrue(mx.allclose(b_logprobs, logprobs, rtol=1e-4, atol=1e-4))
 

@@ -270,10 +270,10 @@ class TestDeepseekV4(unittest.TestCase):
         self.assertEqual(csa.entries, 17)
         self.assertEqual(csa.pool.shape, pool.shape)
 
-    def test_caches_are_not_merged_into_batches(self):
+    def test_caches_merge_into_batches(self):
         # The server batches only caches that have merge.
         model = make_tiny_model()
-        self.assertFalse(any(hasattr(c, "merge") for c in make_prompt_cache(model)))
+        self.assertTrue(all(hasattr(c, "merge") for c in make_prompt_cache(model)))
 
     def test_prompt_cache_save_load_round_trip(self):
         model = make_tiny_model()

@@ -301,15 +301,44 @@ class Attention(nn.Module):
         if self.kind == CSA:
             self.indexer = Indexer(args, ratio)
 
-    def __call__(
-        self, x: mx.array, offset: int, cache: WindowCompressorCache
-    ) -> mx.array:
+    def __call__(self, x: mx.array, cache: WindowCompressorCache) -> mx.array:
         batch, length, _ = x.shape
         qr = self.q_norm(self.wq_a(x))
         q = self.wq_b(qr).reshape(batch, length, self.n_heads, self.head_dim)
         q = mx.fast.rms_norm(q, None, self.eps)
-        q = _apply_rope(q, self.rope, rope_dim=self.rope_dim, offset=offset)
         kv = self.kv_norm(self.wkv(x))
+
+        # Rows of a batch cache sit at their own positions, so each attends
+        # to its own cache; right padding is left out and gives zeros.
+        parts = cache.row_caches(length)
+        rows = batch // len(parts)
+        out = []
+        for i, (c, n) in enumerate(parts):
+            r = slice(i * rows, (i + 1) * rows)
+            if n == 0:
+                o = mx.zeros((rows, length, self.n_heads, self.head_dim), x.dtype)
+            else:
+                o = self._attend(x[r, :n], qr[r, :n], q[r, :n], kv[r, :n], c)
+                if n < length:
+                    o = mx.pad(o, [(0, 0), (0, length - n), (0, 0), (0, 0)])
+            out.append(o)
+        out = mx.concatenate(out) if len(out) > 1 else out[0]
+        out = out.reshape(batch * length, self.o_groups, 1, -1)
+        out = self.wo_a(out, self._group_ids)
+        return self.wo_b(out.reshape(batch, length, -1))
+
+    def _attend(
+        self,
+        x: mx.array,
+        qr: mx.array,
+        q: mx.array,
+        kv: mx.array,
+        cache: WindowCompressorCache,
+    ) -> mx.array:
+        """Attention of the rows of one cache, before the output projection."""
+        batch, length, _ = x.shape
+        offset = cache.offset
+        q = _apply_rope(q, self.rope, rope_dim=self.rope_dim, offset=offset)
         kv = _apply_rope(kv, self.rope, rope_dim=self.rope_dim, offset=offset)
 
         # Window keys: the kept rows, then the new ones.
@@ -355,12 +384,9 @@ class Attention(nn.Module):
         out = out.transpose(0, 2, 1, 3).astype(x.dtype)
 
         # Undo the keys' rotation at the query position.
-        out = _apply_rope(
+        return _apply_rope(
             out, self.rope, rope_dim=self.rope_dim, offset=offset, inverse=True
         )
-        out = out.reshape(batch * length, self.o_groups, 1, -1)
-        out = self.wo_a(out, self._group_ids)
-        return self.wo_b(out.reshape(batch, length, -1))
 
 
 class Gate(nn.Module):
@@ -430,11 +456,10 @@ class DecoderLayer(nn.Module):
         self,
         h: mx.array,
         input_ids: mx.array,
-        offset: int,
         cache: WindowCompressorCache,
     ) -> mx.array:
         pre, post, comb = self.attn_hc(h)
-        x = self.attn(self.attn_norm(_collapse(h, pre)), offset, cache)
+        x = self.attn(self.attn_norm(_collapse(h, pre)), cache)
         h = _expand(x, h, post, comb)
         pre, post, comb = self.ffn_hc(h)
         x = self.ffn(self.ffn_norm(_collapse(h, pre)), input_ids)
@@ -482,9 +507,8 @@ class DeepseekV4Model(nn.Module):
         h = self.embed_tokens(inputs)
         batch, length, dims = h.shape
         h = mx.broadcast_to(h[:, :, None], (batch, length, self.hc_mult, dims))
-        offset = cache[0].offset
         for layer, layer_cache in zip(self.layers, cache):
-            h = layer(h, inputs, offset, layer_cache)
+            h = layer(h, inputs, layer_cache)
         out = self.norm(self.hc_head(h))
         # Evaluating the output also materializes every cache array, so no
         # cache field keeps a growing lazy graph, without a host sync.

@@ -1,0 +1,194 @@
+# Copyright © 2026 Apple Inc.
+
+import io
+import unittest
+from unittest import mock
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator, PromptProcessingBatch, generate_step
+from test_deepseek_v4 import make_tiny_model, max_diff
+
+from mlx_lm.models import deepseek_v4
+from mlx_lm.models.cache import BatchWindowCompressorCache, make_prompt_cache
+
+GRAPH_BOUND = 8
+
+# Small prefill steps, so prompts of different lengths are prefilled in
+# several right-padded chunks.
+PREFILL_STEP = 16
+
+# 120 decode steps wrap the window (32) and close 7 HCA (16) and 30 CSA (4)
+# windows per request.
+MAX_TOKENS = 120
+
+
+def graph_edges(a):
+    """Edges of the unevaluated graph behind a (0 once it is evaluated)."""
+    f = io.StringIO()
+    mx.export_to_dot(f, a)
+    return f.getvalue().count("->")
+
+
+def max_cache_graph(generator):
+    """The largest graph behind any array that the generator's caches hold."""
+    caches = generator._prompt_batch.prompt_cache
+    caches = caches + generator._generation_batch.prompt_cache
+    return max(
+        (
+            graph_edges(v)
+            for layer_cache in caches
+            for c in layer_cache.caches
+            for v in vars(c).values()
+            if isinstance(v, mx.array)
+        ),
+        default=0,
+    )
+
+
+def decode_alone(model, prompt, max_tokens):
+    """Tokens and logprobs of generate_step on prompt alone."""
+    steps = generate_step(
+        mx.array(prompt),
+        model,
+        max_tokens=max_tokens,
+        prompt_cache=make_prompt_cache(model),
+        prefill_step_size=PREFILL_STEP,
+    )
+    tokens, logprobs = zip(*((int(t), lp) for t, lp in steps))
+    return list(tokens), mx.stack(logprobs)
+
+
+def decode_batched(model, prompts, inserts):
+    """Run a BatchGenerator that gets each request of inserts[n] (pairs of a
+    prompt name and max_tokens) before its step n. Return each name's tokens
+    and logprobs, the largest batch decoded and the largest cache graph."""
+    generator = BatchGenerator(
+        model, prefill_step_size=PREFILL_STEP, completion_batch_size=4
+    )
+    names, results = {}, {}
+    widest = worst = 0
+    step = 0
+    while True:
+        for name, max_tokens in inserts.get(step, []):
+            (uid,) = generator.insert([prompts[name]], max_tokens=[max_tokens])
+            names[uid] = name
+            results[name] = ([], [])
+        responses = generator.next_generated()
+        if not responses and step > max(inserts):
+            break
+        for r in responses:
+            results[names[r.uid]][0].append(r.token)
+            results[names[r.uid]][1].append(r.logprobs)
+        widest = max(widest, len(responses))
+        worst = max(worst, max_cache_graph(generator))
+        step += 1
+    generator.close()
+    results = {k: (t, mx.stack(lp)) for k, (t, lp) in results.items()}
+    return results, widest, worst
+
+
+class TestDeepseekV4Batch(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.model = make_tiny_model()
+        mx.random.seed(4)
+        lengths = {"a": 37, "b": 37, "c": 21}
+        cls.prompts = {
+            k: mx.random.randint(2, 300, (n,)).tolist() for k, n in lengths.items()
+        }
+        cls.expected = {
+            k: decode_alone(cls.model, p, MAX_TOKENS) for k, p in cls.prompts.items()
+        }
+
+    def assertMatchesAlone(self, results, max_tokens):
+        for name, (tokens, logprobs) in results.items():
+            with self.subTest(request=name):
+                self.assertEqual(len(tokens), max_tokens[name])
+                expected_tokens, expected_logprobs = self.expected[name]
+                self.assertEqual(tokens, expected_tokens[: len(tokens)])
+                self.assertLessEqual(
+                    max_diff(logprobs, expected_logprobs[: len(tokens)]), 1e-4
+                )
+
+    def test_equal_lengths_match_single_requests(self):
+        results, widest, worst = decode_batched(
+            self.model, self.prompts, {0: [("a", MAX_TOKENS), ("b", MAX_TOKENS)]}
+        )
+        self.assertEqual(widest, 2)
+        self.assertMatchesAlone(results, {"a": MAX_TOKENS, "b": MAX_TOKENS})
+        self.assertLessEqual(worst, GRAPH_BOUND)
+
+    def test_different_lengths_match_single_requests(self):
+        results, widest, worst = decode_batched(
+            self.model, self.prompts, {0: [("a", MAX_TOKENS), ("c", MAX_TOKENS)]}
+        )
+        self.assertEqual(widest, 2)
+        self.assertMatchesAlone(results, {"a": MAX_TOKENS, "c": MAX_TOKENS})
+        self.assertLessEqual(worst, GRAPH_BOUND)
+
+    def test_request_joining_mid_decode_matches_single_requests(self):
+        results, widest, worst = decode_batched(
+            self.model, self.prompts, {0: [("a", MAX_TOKENS)], 30: [("c", 80)]}
+        )
+        self.assertEqual(widest, 2)
+        self.assertMatchesAlone(results, {"a": MAX_TOKENS, "c": 80})
+        self.assertLessEqual(worst, GRAPH_BOUND)
+
+    def test_request_finishing_early_leaves_the_others_exact(self):
+        # The middle row finishes first and is filtered out of the batch.
+        inserts = {0: [("a", MAX_TOKENS), ("c", 40), ("b", MAX_TOKENS)]}
+        results, widest, worst = decode_batched(self.model, self.prompts, inserts)
+        self.assertEqual(widest, 3)
+        self.assertMatchesAlone(results, {"a": MAX_TOKENS, "c": 40, "b": MAX_TOKENS})
+        self.assertLessEqual(worst, GRAPH_BOUND)
+
+    def test_graph_check_catches_fields_left_out_of_the_hook(self):
+        # Negative control: without the hook, the open windows' rows chain.
+        with mock.patch.object(deepseek_v4, "_cache_arrays", lambda cache: []):
+            _, _, worst = decode_batched(
+                self.model, self.prompts, {0: [("a", 40), ("c", 40)]}
+            )
+        self.assertGreater(worst, GRAPH_BOUND)
+
+    def test_right_padding_over_several_forwards(self):
+        # One prompt call in several forwards: a row's padding may fill them.
+        model = self.model
+        prompts = [self.prompts[k][:n] for k, n in (("a", 37), ("c", 9), ("b", 25))]
+        caches = [make_prompt_cache(model) for _ in prompts]
+        batch = PromptProcessingBatch(model, [0, 1, 2], caches, prefill_step_size=8)
+        batch.prompt(prompts)
+        self.assertEqual([r.offset for r in batch.prompt_cache[0].rows], [37, 9, 25])
+        tokens = mx.array([[7], [8], [9]])
+        out = model(tokens, batch.prompt_cache)
+        for i, prompt in enumerate(prompts):
+            cache = make_prompt_cache(model)
+            for j in range(0, len(prompt), 8):
+                model(mx.array([prompt[j : j + 8]]), cache)
+            expected = model(tokens[i : i + 1], cache)
+            self.assertLessEqual(max_diff(out[i : i + 1], expected), 1e-4)
+
+    def test_merge_and_extract_copy_the_rows(self):
+        # A server keeps the caches it merged from and the ones it extracted.
+        model = self.model
+        caches = [make_prompt_cache(model) for _ in range(2)]
+        for cache, name in zip(caches, "ac"):
+            mx.eval(model(mx.array([self.prompts[name]]), cache))
+        batch = [c.merge([a, b]) for c, a, b in zip(caches[0], *caches)]
+        self.assertIsInstance(batch[0], BatchWindowCompressorCache)
+        extracted = [c.extract(1) for c in batch]
+        kept = [caches[0], caches[1], extracted]
+        pools = [[c[1].compressor.fetch(), c[1].indexer.fetch()] for c in kept]
+        mx.eval(pools)
+        for token in range(5, 10):
+            mx.eval(model(mx.array([[token], [token]]), batch))
+        self.assertEqual([r.offset for r in batch[1].rows], [42, 26])
+        self.assertEqual([r.compressor.entries for r in batch[1].rows], [10, 6])
+        for cache, offset, pool in zip(kept, [37, 21, 21], pools):
+            self.assertEqual(cache[1].offset, offset)
+            self.assertTrue(mx.array_equal(cache[1].compressor.fetch(), pool[0]))
+            self.assertTrue(mx.array_equal(cache[1].indexer.fetch(), pool[1]))
+
+
+if __name__ == "__main__":
+    unittest.main()
