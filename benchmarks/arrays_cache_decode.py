@@ -24,13 +24,13 @@ import argparse
 import contextlib
 import importlib.util
 import inspect
-import io
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 import mlx.core as mx
+from long_decode import graph_edges
 from mlx_lm.generate import BatchGenerator
 
 from mlx_lm.models import qwen3_5
@@ -144,14 +144,6 @@ def variant(name, pristine):
                 delattr(ArraysCache, k)
             else:
                 setattr(ArraysCache, k, v)
-
-
-def graph_edges(a):
-    if a is None:
-        return 0
-    f = io.StringIO()
-    mx.export_to_dot(f, a)
-    return f.getvalue().count("->")
 
 
 def held_memory(gens):

@@ -20,7 +20,6 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
 
 CONFIGS = {
     "deepseek_v4": {
@@ -124,6 +123,8 @@ def make_model_folder(path, model_type, seed=0):
 
 
 def graph_edges(a):
+    if a is None:
+        return 0
     f = io.StringIO()
     mx.export_to_dot(f, a)
     return f.getvalue().count("->")
@@ -190,7 +191,7 @@ def main():
     print(f"{name} ({mode}): {args.tokens} tokens, prompt {len(prompt)}")
     print(f"{'tokens':>7} {'tok/s':>9} {'active MB':>10} {'cache MB':>9} {'graph':>6}")
     tic, last = time.perf_counter(), 0
-    for n, response in enumerate(
+    for n, _ in enumerate(
         stream_generate(
             model,
             tokenizer,

@@ -399,6 +399,7 @@ def lint_files(tree):
     files += [_target_of(p) for p in patch_files() if p.name.endswith(".py.patch")]
     files = [Path(tree) / p for p in sorted(files)]
     files += sorted((ROOT / "tests").rglob("*.py"))
+    files += sorted((ROOT / "benchmarks").rglob("*.py"))
     files += sorted((ROOT / "tools").rglob("*.py")) + [ROOT / "setup.py"]
     return files
 
