@@ -485,7 +485,14 @@ def upstream_tests(python=sys.executable, pytest_args=()):
 def test(ref=None):
     """The fork's test command: install the fork from git into a fresh venv,
     then run the fork's tests, the release's own suite and the linters."""
-    ref = ref or os.environ.get("MLX_LM_FORK_REF", "main")
+    ref = ref or os.environ.get("MLX_LM_FORK_REF")
+    if ref is None:
+        # A detached checkout (as some CI systems make) has no branch main.
+        has_main = subprocess.run(
+            ["git", "-C", ROOT, "rev-parse", "--verify", "--quiet", "main"],
+            capture_output=True,
+        )
+        ref = "main" if has_main.returncode == 0 else "HEAD"
     venv = ROOT / "build" / "venv-test"
     shutil.rmtree(venv, ignore_errors=True)
     _run(sys.executable, "-m", "venv", venv)
