@@ -29,6 +29,12 @@ CSA = "compressed_sparse_attention"
 HCA = "heavily_compressed_attention"
 _MLP_TYPES = ("hash_moe", "moe")
 
+# For checkpoints without a chat template (a bundled one replaces the encoder).
+TOKENIZER_DEFAULTS = {
+    "chat_template_type": "deepseek_v4",
+    "tool_parser_type": "deepseek_v4",
+}
+
 
 @dataclass
 class ModelArgs(BaseModelArgs):
