@@ -427,6 +427,13 @@ class TestArraysCacheGraph(unittest.TestCase):
         other.advance(1)
         self.assertEqual(other.left_padding.tolist(), [2])
 
+        # So is padding a caller sets after the merge.
+        other = ArraysCache.merge([ArraysCache(2), ArraysCache(2)])
+        other.left_padding = mx.array([2, 0])
+        other[0] = mx.zeros((2, 2, 4))
+        other.advance(1)
+        self.assertEqual(other.left_padding.tolist(), [1, -1])
+
     def test_layers_read_the_tied_entry_before_writing_it(self):
         # advance ties the metadata to the first array the cache holds; the
         # next step must read that array, or the metadata is never evaluated.
