@@ -58,6 +58,23 @@ class TestDeepseekV4CacheGraph(unittest.TestCase):
         self.assertEqual(cache[0].compressor.entries, 2002 // 4)
         self.assertEqual(cache[1].compressor.entries, 2002 // 16)
 
+    def test_cache_holds_no_more_than_it_stores_after_prefill(self):
+        # A cache field that is a view of a prompt chunk keeps the whole chunk
+        # alive; the prompt cache the server keeps would then hold far more
+        # than its nbytes.
+        model = make_tiny_model({**SMALL_CONFIG, "hidden_size": 64, "head_dim": 64})
+        cache = make_prompt_cache(model)
+        mx.eval(model.parameters())
+        mx.synchronize()
+        before = mx.get_active_memory()
+        out = model(mx.arange(1, 1003)[None] % 250, cache=cache)
+        mx.eval(out)
+        del out
+        held = mx.get_active_memory() - before
+        stored = sum(c.nbytes for c in cache)
+        # Open windows are the only rows outside the pools' capacity.
+        self.assertLessEqual(held, stored + 16 * 1024)
+
     def test_graph_check_catches_fields_left_out_of_the_hook(self):
         # Negative control: without the hook, the rows of an open window,
         # which the output does not read until the window closes, chain
