@@ -663,13 +663,14 @@ class Model(nn.Module):
     def make_cache(self) -> List[WindowCompressorCache]:
         caches = []
         for kind in self.args.layer_types:
-            cache = WindowCompressorCache(SharedWindowCache(self.args.sliding_window))
-            if kind != SLIDING:
-                ratio = self.args.compress_rates[kind]
-                cache.compressor = CompressorCache(ratio, overlap=kind == CSA)
-            if kind == CSA:
-                cache.indexer = CompressorCache(ratio, overlap=True)
-            caches.append(cache)
+            ratio = self.args.compress_rates.get(kind)
+            caches.append(
+                WindowCompressorCache(
+                    SharedWindowCache(self.args.sliding_window),
+                    compressor=CompressorCache(ratio) if kind != SLIDING else None,
+                    indexer=CompressorCache(ratio) if kind == CSA else None,
+                )
+            )
         return caches
 
     def shard(self, group: Optional[mx.distributed.Group] = None) -> None:
