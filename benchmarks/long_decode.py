@@ -91,6 +91,7 @@ def make_tokenizer(path, vocab_size):
         vocab_size=vocab_size,
         special_tokens=["<bos>", "<eos>"],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
     )
     text = [
         "The quick brown fox jumps over the lazy dog.",
