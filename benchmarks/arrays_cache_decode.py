@@ -30,30 +30,16 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
-from long_decode import graph_edges
+from long_decode import CONFIGS, graph_edges
 from mlx_lm.generate import BatchGenerator
 
 from mlx_lm.models import qwen3_5
 from mlx_lm.models.cache import ArraysCache
 
+# The demo's tiny qwen3_5 with Qwen3.8-27B's 48 linear-attention layers.
 CONFIG = {
-    "model_type": "qwen3_5",
-    "text_config": {
-        "model_type": "qwen3_5_text",
-        "vocab_size": 512,
-        "hidden_size": 64,
-        "intermediate_size": 128,
-        "num_hidden_layers": 64,
-        "full_attention_interval": 4,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 16,
-        "linear_num_value_heads": 4,
-        "linear_num_key_heads": 2,
-        "linear_key_head_dim": 16,
-        "linear_value_head_dim": 16,
-        "tie_word_embeddings": True,
-    },
+    **CONFIGS["qwen3_5"],
+    "text_config": {**CONFIGS["qwen3_5"]["text_config"], "num_hidden_layers": 64},
 }
 
 
