@@ -1,12 +1,12 @@
 # Copyright © 2026 Apple Inc.
 
-import io
 import unittest
 from unittest import mock
 
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator, PromptProcessingBatch, generate_step
 from test_deepseek_v4 import make_tiny_model, max_diff
+from test_deepseek_v4_cache_graph import max_cache_graph
 
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import BatchWindowCompressorCache, make_prompt_cache
@@ -22,27 +22,10 @@ PREFILL_STEP = 16
 MAX_TOKENS = 120
 
 
-def graph_edges(a):
-    """Edges of the unevaluated graph behind a (0 once it is evaluated)."""
-    f = io.StringIO()
-    mx.export_to_dot(f, a)
-    return f.getvalue().count("->")
-
-
-def max_cache_graph(generator):
+def max_generator_graph(generator):
     """The largest graph behind any array that the generator's caches hold."""
     caches = generator._prompt_batch.prompt_cache
-    caches = caches + generator._generation_batch.prompt_cache
-    return max(
-        (
-            graph_edges(v)
-            for layer_cache in caches
-            for c in layer_cache.caches
-            for v in vars(c).values()
-            if isinstance(v, mx.array)
-        ),
-        default=0,
-    )
+    return max_cache_graph(caches + generator._generation_batch.prompt_cache)
 
 
 def decode_alone(model, prompt, max_tokens):
@@ -80,7 +63,7 @@ def decode_batched(model, prompts, inserts):
             results[names[r.uid]][0].append(r.token)
             results[names[r.uid]][1].append(r.logprobs)
         widest = max(widest, len(responses))
-        worst = max(worst, max_cache_graph(generator))
+        worst = max(worst, max_generator_graph(generator))
         step += 1
     generator.close()
     results = {k: (t, mx.stack(lp)) for k, (t, lp) in results.items()}

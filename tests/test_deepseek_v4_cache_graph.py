@@ -32,11 +32,14 @@ def graph_edges(a):
 def max_cache_graph(cache):
     """The largest graph behind any array that any layer's cache holds."""
     return max(
-        graph_edges(v)
-        for layer_cache in cache
-        for c in layer_cache.caches
-        for v in vars(c).values()
-        if isinstance(v, mx.array)
+        (
+            graph_edges(v)
+            for layer_cache in cache
+            for c in layer_cache.caches
+            for v in vars(c).values()
+            if isinstance(v, mx.array)
+        ),
+        default=0,
     )
 
 
