@@ -380,3 +380,7 @@ def apply_chat_template(
         think = thinking_start_token if thinking else thinking_end_token
         prompt = prompt.removesuffix(assistant_token + think)
     return prompt
+
+
+# mlx_lm.server leaves tool results given as lists of parts to this template.
+apply_chat_template.keeps_tool_parts = True
