@@ -608,9 +608,15 @@ class TestDeepseekV4ToolParser(unittest.TestCase):
         for name, text, expected in PARSE_CASES:
             with self.subTest(name):
                 self.assertEqual(self.parse(text), expected)
-                # With the start marker too.
+                # With the start marker, or a newline before the end.
+                self.assertEqual(self.parse(text + "\n"), expected)
                 text = tool_parser.tool_call_start + text
                 self.assertEqual(self.parse(text), expected)
+
+    def test_a_second_block_adds_its_calls(self):
+        first, second = PARSE_CASES[0], PARSE_CASES[3]
+        text = first[1] + tool_parser.tool_call_start + second[1]
+        self.assertEqual(self.parse(text), first[2] + second[2])
 
     def test_one_call_is_a_dict_several_a_list(self):
         self.assertIsInstance(tool_parser.parse_tool_call(PARSE_CASES[0][1]), dict)

@@ -118,7 +118,7 @@ def _parse_lenient(text):
             param = None
             if closing and kind == "parameter":
                 continue
-        elif between.strip() or done:
+        elif between.strip() or done and (closing or kind != "tool_calls"):
             raise ValueError(f"Unexpected text in the tool calls: {between!r}")
         attrs = dict(_attr.findall(tag[3]))
         if kind == "invoke" and not closing:
@@ -132,8 +132,8 @@ def _parse_lenient(text):
             param = (attrs["name"], attrs.get("string"))
         elif kind == "invoke":
             call = None
-        elif kind == "tool_calls" and closing:
-            done = True
+        elif kind == "tool_calls":
+            done, call = closing, None
     rest = text[pos:]
     if param is not None:
         close_param(rest)
@@ -147,7 +147,8 @@ def parse_tool_call(
 ) -> dict[str, Any] | list[dict[str, Any]]:
     if m := _start.match(text):
         text = text[m.end() :]
-    calls = _parse_exact(text)
+    # DeepSeek's parser takes no text after the block, not even a newline.
+    calls = _parse_exact(text.rstrip())
     if calls is None:
         calls = _parse_lenient(text)
     if not calls:
