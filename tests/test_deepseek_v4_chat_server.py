@@ -21,9 +21,18 @@ from unittest import mock
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
-from mlx_lm.server import APIHandler, LRUPromptCache, ModelProvider, ResponseGenerator
+from mlx_lm.server import (
+    APIHandler,
+    CompletionRequest,
+    LRUPromptCache,
+    ModelProvider,
+    ResponseGenerator,
+    process_message_content,
+)
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from test_deepseek_v4 import TINY_CONFIG, make_tiny_model, make_tiny_tokenizer
+
+from mlx_lm import load
 
 HAS_OPENAI = importlib.util.find_spec("openai") is not None
 
@@ -157,9 +166,9 @@ class TestDeepseekV4ChatServer(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls._tmp = tempfile.TemporaryDirectory()
-        path = make_chain_model_folder(Path(cls._tmp.name) / "model")
+        cls.path = make_chain_model_folder(Path(cls._tmp.name) / "model")
         cls.generator = ResponseGenerator(
-            ModelProvider(server_args(path)), LRUPromptCache()
+            ModelProvider(server_args(cls.path)), LRUPromptCache()
         )
         cls.httpd = http.server.ThreadingHTTPServer(
             ("127.0.0.1", 0),
@@ -243,6 +252,40 @@ class TestDeepseekV4ChatServer(unittest.TestCase):
         self.assertEqual(message["reasoning"], "It is sunny in Paris.")
         self.assertFalse(message.get("tool_calls"))
         self.assertEqual(prompts, [TURN_1_PROMPT, TURN_2_PROMPT])
+
+    def test_reasoning_effort_reaches_only_templates_that_name_it(self):
+        _, tokenizer = load(str(self.path))
+        seen = []
+
+        def takes_effort(messages, reasoning_effort=None, **kwargs):
+            seen.append(reasoning_effort)
+            return "x"
+
+        def takes_any(messages, **kwargs):
+            # As deepseek_v32's encoder, which rejects unknown arguments.
+            self.assertNotIn("reasoning_effort", kwargs)
+            seen.append(None)
+            return "x"
+
+        messages = [{"role": "user", "content": "Hi"}]
+        request = CompletionRequest("chat", "", messages, None, None)
+        args = argparse.Namespace(chat_template_kwargs={"reasoning_effort": "max"})
+        for template in (takes_effort, takes_any):
+            wrapper = TokenizerWrapper(tokenizer._tokenizer, chat_template=template)
+            self.generator._tokenize(wrapper, request, args)
+        self.assertEqual(seen, ["max", None])
+
+    def test_tool_result_parts_are_joined_by_the_template_that_asks(self):
+        def messages():
+            parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+            return [{"role": "tool", "content": parts}]
+
+        kept = messages()
+        process_message_content(kept, keep_tool_parts=True)
+        self.assertEqual(kept, messages())
+        joined = messages()
+        process_message_content(joined)
+        self.assertEqual(joined[0]["content"], "ab")
 
     @unittest.skipUnless(HAS_OPENAI, "the openai package is not installed")
     def test_tool_call_and_result_with_the_openai_client(self):

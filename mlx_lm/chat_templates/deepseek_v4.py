@@ -148,6 +148,8 @@ def _tool_result(content) -> str:
     if isinstance(content, list):
         parts = []
         for part in content:
+            if not isinstance(part, dict):
+                raise ValueError(f"Tool result parts must be dicts, got {part!r}")
             if part.get("type") == "text":
                 parts.append(part.get("text", ""))
             else:
@@ -183,7 +185,7 @@ def _merge_tool_results(messages):
                 turn.update({k: message[k] for k in ("task", "wo_eos") if k in message})
                 merged.append(turn)
         else:
-            merged.append({**message, "index": i})
+            merged.append({**message, "role": role, "index": i})
     return merged
 
 
@@ -194,6 +196,8 @@ def _sort_tool_results(messages):
         if message["role"] == "assistant" and message.get("tool_calls"):
             order = {}
             for i, call in enumerate(message["tool_calls"]):
+                if not isinstance(call, dict):
+                    continue
                 call_id = call.get("id") or call.get("function", {}).get("id", "")
                 if call_id:
                     order[call_id] = i
