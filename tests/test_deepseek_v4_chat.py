@@ -332,6 +332,27 @@ CASES = [
         {},
     ),
     (
+        "wo_eos on an earlier assistant message",
+        [
+            HI,
+            {"role": "assistant", "content": "Hel", "wo_eos": True},
+            {"role": "assistant", "content": "lo!"},
+            ASK,
+        ],
+        {"drop_thinking": False},
+    ),
+    (
+        "response format on a developer message",
+        [
+            {
+                "role": "developer",
+                "content": "Reply in JSON.",
+                "response_format": {"type": "json_object"},
+            }
+        ],
+        {"enable_thinking": False},
+    ),
+    (
         "task output has no reasoning",
         [
             {"role": "user", "content": "Weather?", "task": "title"},
@@ -436,6 +457,8 @@ EXPECTED = {
     "reasoning read only from reasoning_content": "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜><think></think>Hello!<｜end▁of▁sentence｜><｜User｜>Weather in Paris?<｜Assistant｜><think>",
     "query task": "<｜begin▁of▁sentence｜><｜User｜>Weather in Paris?<｜query｜>",
     "action task": "<｜begin▁of▁sentence｜><｜User｜>Weather in Paris?<｜Assistant｜><think><｜action｜>",
+    "wo_eos on an earlier assistant message": "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜><think></think>Hel</think>lo!<｜end▁of▁sentence｜><｜User｜>Weather in Paris?<｜Assistant｜><think>",
+    "response format on a developer message": '<｜begin▁of▁sentence｜><｜User｜>Reply in JSON.\n\n## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n{"type": "json_object"}<｜Assistant｜></think>',
     "task output has no reasoning": "<｜begin▁of▁sentence｜><｜User｜>Weather?<｜title｜>Weather<｜end▁of▁sentence｜><｜User｜>Weather in Paris?<｜Assistant｜><think>",
 }
 
