@@ -12,9 +12,8 @@ models write them), or not at all: a block is parsed whole or raises.
 """
 
 import json
+import re
 from typing import Any, Optional
-
-import regex as re
 
 from ..chat_templates.deepseek_v32 import to_json
 
