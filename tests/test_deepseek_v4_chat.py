@@ -11,219 +11,712 @@ from mlx_lm import load
 from mlx_lm.chat_templates.deepseek_v4 import apply_chat_template, render_tool_calls
 from mlx_lm.tool_parsers import deepseek_v4 as tool_parser
 
-BOS = "<｜begin▁of▁sentence｜>"
-EOS = "<｜end▁of▁sentence｜>"
-USER = "<｜User｜>"
-ASSISTANT = "<｜Assistant｜>"
+# Conversations, as mlx_lm.server hands them to the encoder (tool call
+# arguments decoded), each with the options of the call.
 
-TOOLS = [
-    {
-        "type": "function",
-        "function": {
-            "name": "get_weather",
-            "description": "The weather in a city.",
-            "parameters": {
-                "type": "object",
-                "properties": {
-                    "city": {"type": "string"},
-                    "days": {"type": "integer"},
-                },
-                "required": ["city"],
-            },
-        },
-    }
-]
-
-CALL = {
+WEATHER = {
     "type": "function",
-    "function": {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}},
+    "function": {
+        "name": "get_weather",
+        "description": "The weather in a city.",
+        "parameters": {
+            "type": "object",
+            "properties": {"city": {"type": "string"}, "days": {"type": "integer"}},
+            "required": ["city"],
+        },
+    },
+}
+TIME = {
+    "type": "function",
+    "function": {
+        "name": "get_time",
+        "description": "The time now.",
+        "parameters": {"type": "object", "properties": {}},
+    },
+}
+TOOLS = [WEATHER, TIME]
+
+
+def call(id, name, args):
+    return {"id": id, "type": "function", "function": {"name": name, "arguments": args}}
+
+
+PARIS = call("call_1", "get_weather", {"city": "Paris", "days": 2})
+ROME = call("call_2", "get_weather", {"city": "Rome"})
+NOW = call("call_3", "get_time", {})
+
+SYS = {"role": "system", "content": "Be brief."}
+HI = {"role": "user", "content": "Hi"}
+HELLO = {"role": "assistant", "content": "Hello!", "reasoning_content": "A greeting."}
+ASK = {"role": "user", "content": "Weather in Paris?"}
+CALLS = {
+    "role": "assistant",
+    "content": "",
+    "reasoning_content": "Ask the tool.",
+    "tool_calls": [PARIS],
+}
+SUNNY = {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"}
+ANSWER = {
+    "role": "assistant",
+    "content": "It is sunny.",
+    "reasoning_content": "Sunny it is.",
 }
 
-DSML_CALL = (
-    "\n\n<｜DSML｜tool_calls>\n"
-    '<｜DSML｜invoke name="get_weather">\n'
-    '<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n'
-    '<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n'
-    "</｜DSML｜invoke>\n"
-    "</｜DSML｜tool_calls>"
-)
-
-CONVERSATION = [
-    {"role": "system", "content": "Be brief."},
-    {"role": "user", "content": "Hi"},
-    {"role": "assistant", "content": "Hello!", "reasoning_content": "A greeting."},
-    {"role": "user", "content": "Weather in Paris?"},
-    {
-        "role": "assistant",
-        "content": "",
-        "reasoning_content": "Ask the tool.",
-        "tool_calls": [CALL],
-    },
-    {"role": "tool", "content": "Sunny"},
+CASES = [
+    ("one user turn, thinking", [HI], {}),
+    ("one user turn, chat", [HI], {"enable_thinking": False}),
+    ("system and user", [SYS, HI], {}),
+    ("no generation prompt", [SYS, HI], {"add_generation_prompt": False}),
+    ("empty user text", [{"role": "user", "content": ""}], {}),
+    ("tools without a system message", [HI], {"tools": TOOLS}),
+    (
+        "tools with an empty system message",
+        [{"role": "system", "content": ""}, HI],
+        {"tools": TOOLS},
+    ),
+    ("tools with a system message", [SYS, HI], {"tools": TOOLS}),
+    ("tools in chat mode", [SYS, HI], {"tools": TOOLS, "enable_thinking": False}),
+    ("earlier reasoning dropped", [SYS, HI, HELLO, ASK], {}),
+    (
+        "earlier reasoning kept with drop_thinking=False",
+        [SYS, HI, HELLO, ASK],
+        {"drop_thinking": False},
+    ),
+    ("earlier reasoning kept with tools", [SYS, HI, HELLO, ASK], {"tools": TOOLS}),
+    ("multi-turn chat mode", [SYS, HI, HELLO, ASK], {"enable_thinking": False}),
+    ("tool call and result", [SYS, ASK, CALLS, SUNNY], {"tools": TOOLS}),
+    (
+        "tool call and result, chat mode",
+        [SYS, ASK, CALLS, SUNNY],
+        {"tools": TOOLS, "enable_thinking": False},
+    ),
+    (
+        "answer after a tool result",
+        [SYS, ASK, CALLS, SUNNY, ANSWER, {"role": "user", "content": "Thanks"}],
+        {"tools": TOOLS},
+    ),
+    (
+        "tool results sorted into call order",
+        [
+            ASK,
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": "Both.",
+                "tool_calls": [PARIS, ROME, NOW],
+            },
+            {"role": "tool", "tool_call_id": "call_3", "content": "9:00"},
+            {"role": "tool", "tool_call_id": "call_1", "content": "Sunny"},
+            {"role": "tool", "tool_call_id": "call_2", "content": "Rain"},
+        ],
+        {"tools": TOOLS},
+    ),
+    (
+        "tool results then user text",
+        [ASK, CALLS, SUNNY, {"role": "user", "content": "And tomorrow?"}],
+        {"tools": TOOLS},
+    ),
+    (
+        "tool result as text parts",
+        [
+            ASK,
+            CALLS,
+            {
+                "role": "tool",
+                "tool_call_id": "call_1",
+                "content": [
+                    {"type": "text", "text": "Sunny"},
+                    {"type": "text", "text": "22 C"},
+                ],
+            },
+        ],
+        {"tools": TOOLS},
+    ),
+    (
+        "call without arguments",
+        [
+            {"role": "user", "content": "Time?"},
+            {"role": "assistant", "content": "", "tool_calls": [NOW]},
+            {"role": "tool", "tool_call_id": "call_3", "content": "9:00"},
+        ],
+        {"tools": TOOLS},
+    ),
+    (
+        "arguments of every JSON type",
+        [
+            HI,
+            {
+                "role": "assistant",
+                "content": "Ok.",
+                "tool_calls": [
+                    call(
+                        "c",
+                        "f",
+                        {
+                            "s": "x\ny",
+                            "n": 1.5,
+                            "b": True,
+                            "z": None,
+                            "l": [1, "a"],
+                            "o": {"k": "é"},
+                            "q": "42",
+                        },
+                    )
+                ],
+            },
+            {"role": "tool", "content": "done"},
+        ],
+        {"tools": TOOLS},
+    ),
+    (
+        "arguments that are not JSON",
+        [
+            HI,
+            {
+                "role": "assistant",
+                "content": "",
+                "tool_calls": [call("c", "f", "not json")],
+            },
+            {"role": "tool", "content": "done"},
+        ],
+        {"tools": TOOLS},
+    ),
+    (
+        "tool calls without tools dropping reasoning",
+        [ASK, CALLS, SUNNY, ANSWER, {"role": "user", "content": "Thanks"}],
+        {},
+    ),
+    ("tool result is the last user turn", [ASK, CALLS, SUNNY, ANSWER], {}),
+    ("reasoning effort max", [SYS, HI], {"reasoning_effort": "max"}),
+    (
+        "reasoning effort max with tools",
+        [HI],
+        {"reasoning_effort": "max", "tools": TOOLS},
+    ),
+    (
+        "reasoning effort max in chat mode",
+        [SYS, HI],
+        {"reasoning_effort": "max", "enable_thinking": False},
+    ),
+    ("reasoning effort high", [SYS, HI], {"reasoning_effort": "high"}),
+    ("response format", [SYS, HI], {"response_format": {"type": "json_object"}}),
+    (
+        "response format and tools",
+        [HI],
+        {
+            "response_format": {"type": "json_schema", "json_schema": {"name": "w"}},
+            "tools": TOOLS,
+        },
+    ),
+    (
+        "system message mid-conversation",
+        [SYS, HI, HELLO, {"role": "system", "content": "Now be verbose."}, ASK],
+        {},
+    ),
+    (
+        "two leading system messages",
+        [SYS, {"role": "system", "content": "Use French."}, HI],
+        {},
+    ),
+    (
+        "two leading system messages with tools",
+        [SYS, {"role": "system", "content": "Use French."}, HI],
+        {"tools": TOOLS},
+    ),
+    ("developer message", [{"role": "developer", "content": "Answer in French."}], {}),
+    (
+        "developer message with tools on it",
+        [{"role": "developer", "content": "Use tools.", "tools": TOOLS}],
+        {},
+    ),
+    (
+        "developer message before the last user turn",
+        [SYS, {"role": "developer", "content": "Be kind."}, HELLO, ASK],
+        {},
+    ),
+    (
+        "developer message kept with drop_thinking=False",
+        [SYS, {"role": "developer", "content": "Be kind."}, HELLO, ASK],
+        {"drop_thinking": False},
+    ),
+    (
+        "system message with tools on it",
+        [
+            {"role": "system", "content": "Be brief.", "tools": [WEATHER]},
+            ASK,
+            CALLS,
+            SUNNY,
+        ],
+        {},
+    ),
+    (
+        "latest reminder after the user turn",
+        [SYS, HI, {"role": "latest_reminder", "content": "Today is Monday."}],
+        {},
+    ),
+    (
+        "latest reminder mid-conversation",
+        [
+            SYS,
+            HI,
+            {"role": "latest_reminder", "content": "Today is Monday."},
+            HELLO,
+            ASK,
+        ],
+        {},
+    ),
+    (
+        "two assistant messages in a row",
+        [
+            HI,
+            HELLO,
+            {
+                "role": "assistant",
+                "content": "Anything else?",
+                "reasoning_content": "Offer help.",
+            },
+            ASK,
+        ],
+        {"drop_thinking": False},
+    ),
+    ("ends with an assistant message", [HI, HELLO], {}),
+    (
+        "continue the final message",
+        [HI, {"role": "assistant", "content": "Hel", "reasoning_content": "Greet."}],
+        {"continue_final_message": True, "add_generation_prompt": False},
+    ),
+    (
+        "continue after reasoning only",
+        [HI, {"role": "assistant", "reasoning_content": "Hm"}],
+        {"continue_final_message": True, "add_generation_prompt": False},
+    ),
+    (
+        "continue in chat mode",
+        [HI, {"role": "assistant", "content": "Hel"}],
+        {
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+            "enable_thinking": False,
+        },
+    ),
+    (
+        "continue after tool calls",
+        [
+            ASK,
+            {
+                "role": "assistant",
+                "content": "",
+                "reasoning_content": "Ask.",
+                "tool_calls": [PARIS],
+            },
+        ],
+        {
+            "continue_final_message": True,
+            "add_generation_prompt": False,
+            "tools": TOOLS,
+        },
+    ),
+    (
+        "reasoning read only from reasoning_content",
+        [HI, {"role": "assistant", "content": "Hello!", "reasoning": "ignored"}, ASK],
+        {"drop_thinking": False},
+    ),
+    (
+        "query task",
+        [{"role": "user", "content": "Weather in Paris?", "task": "query"}],
+        {},
+    ),
+    (
+        "action task",
+        [{"role": "user", "content": "Weather in Paris?", "task": "action"}],
+        {},
+    ),
+    (
+        "wo_eos on an earlier assistant message",
+        [
+            HI,
+            {"role": "assistant", "content": "Hel", "wo_eos": True},
+            {"role": "assistant", "content": "lo!"},
+            ASK,
+        ],
+        {"drop_thinking": False},
+    ),
+    (
+        "response format on a developer message",
+        [
+            {
+                "role": "developer",
+                "content": "Reply in JSON.",
+                "response_format": {"type": "json_object"},
+            }
+        ],
+        {"enable_thinking": False},
+    ),
+    (
+        "task output has no reasoning",
+        [
+            {"role": "user", "content": "Weather?", "task": "title"},
+            {"role": "assistant", "content": "Weather"},
+            ASK,
+        ],
+        {},
+    ),
 ]
+
+
+# Rendered by DeepSeek's encoding_dsv4.py (sha256 bdbd57c1...5055e0).
+TOOLS_BLOCK = '## Tools\n\nYou have access to a set of tools to help answer the user\'s question. You can invoke tools by writing a "<｜DSML｜tool_calls>" block like the following:\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="$TOOL_NAME">\n<｜DSML｜parameter name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE</｜DSML｜parameter>\n...\n</｜DSML｜invoke>\n<｜DSML｜invoke name="$TOOL_NAME2">\n...\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>\n\nString parameters should be specified as is and set `string="true"`. For all other types (numbers, booleans, arrays, objects), pass the value in JSON format and set `string="false"`.\n\nIf thinking_mode is enabled (triggered by <think>), you MUST output your complete reasoning inside <think>...</think> BEFORE any tool calls or final response.\n\nOtherwise, output directly after </think> with tool calls or final response.\n\n### Available Tool Schemas\n\n{"name": "get_weather", "description": "The weather in a city.", "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}\n{"name": "get_time", "description": "The time now.", "parameters": {"type": "object", "properties": {}}}\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n'
+WEATHER_BLOCK = '## Tools\n\nYou have access to a set of tools to help answer the user\'s question. You can invoke tools by writing a "<｜DSML｜tool_calls>" block like the following:\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="$TOOL_NAME">\n<｜DSML｜parameter name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE</｜DSML｜parameter>\n...\n</｜DSML｜invoke>\n<｜DSML｜invoke name="$TOOL_NAME2">\n...\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>\n\nString parameters should be specified as is and set `string="true"`. For all other types (numbers, booleans, arrays, objects), pass the value in JSON format and set `string="false"`.\n\nIf thinking_mode is enabled (triggered by <think>), you MUST output your complete reasoning inside <think>...</think> BEFORE any tool calls or final response.\n\nOtherwise, output directly after </think> with tool calls or final response.\n\n### Available Tool Schemas\n\n{"name": "get_weather", "description": "The weather in a city.", "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n'
+EXPECTED = {
+    "one user turn, thinking": "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜><think>",
+    "one user turn, chat": "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜></think>",
+    "system and user": "<｜begin▁of▁sentence｜>Be brief.<｜User｜>Hi<｜Assistant｜><think>",
+    "no generation prompt": "<｜begin▁of▁sentence｜>Be brief.<｜User｜>Hi",
+    "empty user text": "<｜begin▁of▁sentence｜><｜User｜><｜Assistant｜><think>",
+    "tools without a system message": "<｜begin▁of▁sentence｜>\n\n"
+    + TOOLS_BLOCK
+    + "<｜User｜>Hi<｜Assistant｜><think>",
+    "tools with an empty system message": "<｜begin▁of▁sentence｜>\n\n"
+    + TOOLS_BLOCK
+    + "<｜User｜>Hi<｜Assistant｜><think>",
+    "tools with a system message": "<｜begin▁of▁sentence｜>Be brief.\n\n"
+    + TOOLS_BLOCK
+    + "<｜User｜>Hi<｜Assistant｜><think>",
+    "tools in chat mode": "<｜begin▁of▁sentence｜>Be brief.\n\n"
+    + TOOLS_BLOCK
+    + "<｜User｜>Hi<｜Assistant｜></think>",
+    "earlier reasoning dropped": "<｜begin▁of▁sentence｜>Be brief.<｜User｜>Hi<｜Assistant｜></think>Hello!<｜end▁of▁sentence｜><｜User｜>Weather in Paris?<｜Assistant｜><think>",
+    "earlier reasoning kept with drop_thinking=False": "<｜begin▁of▁sentence｜>Be brief.<｜User｜>Hi<｜Assistant｜><think>A greeting.</think>Hello!<｜end▁of▁sentence｜><｜User｜>Weather in Paris?<｜Assistant｜><think>",
+    "earlier reasoning kept with tools": "<｜begin▁of▁sentence｜>Be brief.\n\n"
+    + TOOLS_BLOCK
+    + "<｜User｜>Hi<｜Assistant｜><think>A greeting.</think>Hello!<｜end▁of▁sentence｜><｜User｜>Weather in Paris?<｜Assistant｜><think>",
+    "multi-turn chat mode": "<｜begin▁of▁sentence｜>Be brief.<｜User｜>Hi<｜Assistant｜></think>Hello!<｜end▁of▁sentence｜><｜User｜>Weather in Paris?<｜Assistant｜></think>",
+    "tool call and result": "<｜begin▁of▁sentence｜>Be brief.\n\n"
+    + TOOLS_BLOCK
+    + '<｜User｜>Weather in Paris?<｜Assistant｜><think>Ask the tool.</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>Sunny</tool_result><｜Assistant｜><think>',
+    "tool call and result, chat mode": "<｜begin▁of▁sentence｜>Be brief.\n\n"
+    + TOOLS_BLOCK
+    + '<｜User｜>Weather in Paris?<｜Assistant｜></think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>Sunny</tool_result><｜Assistant｜></think>',
+    "answer after a tool result": "<｜begin▁of▁sentence｜>Be brief.\n\n"
+    + TOOLS_BLOCK
+    + '<｜User｜>Weather in Paris?<｜Assistant｜><think>Ask the tool.</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>Sunny</tool_result><｜Assistant｜><think>Sunny it is.</think>It is sunny.<｜end▁of▁sentence｜><｜User｜>Thanks<｜Assistant｜><think>',
+    "tool results sorted into call order": "<｜begin▁of▁sentence｜>\n\n"
+    + TOOLS_BLOCK
+    + '<｜User｜>Weather in Paris?<｜Assistant｜><think>Both.</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Rome</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name="get_time">\n\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>Sunny</tool_result>\n\n<tool_result>Rain</tool_result>\n\n<tool_result>9:00</tool_result><｜Assistant｜><think>',
+    "tool results then user text": "<｜begin▁of▁sentence｜>\n\n"
+    + TOOLS_BLOCK
+    + '<｜User｜>Weather in Paris?<｜Assistant｜><think>Ask the tool.</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>Sunny</tool_result>\n\nAnd tomorrow?<｜Assistant｜><think>',
+    "tool result as text parts": "<｜begin▁of▁sentence｜>\n\n"
+    + TOOLS_BLOCK
+    + '<｜User｜>Weather in Paris?<｜Assistant｜><think>Ask the tool.</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>Sunny\n\n22 C</tool_result><｜Assistant｜><think>',
+    "call without arguments": "<｜begin▁of▁sentence｜>\n\n"
+    + TOOLS_BLOCK
+    + '<｜User｜>Time?<｜Assistant｜><think></think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_time">\n\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>9:00</tool_result><｜Assistant｜><think>',
+    "arguments of every JSON type": "<｜begin▁of▁sentence｜>\n\n"
+    + TOOLS_BLOCK
+    + '<｜User｜>Hi<｜Assistant｜><think></think>Ok.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="s" string="true">x\ny</｜DSML｜parameter>\n<｜DSML｜parameter name="n" string="false">1.5</｜DSML｜parameter>\n<｜DSML｜parameter name="b" string="false">true</｜DSML｜parameter>\n<｜DSML｜parameter name="z" string="false">null</｜DSML｜parameter>\n<｜DSML｜parameter name="l" string="false">[1, "a"]</｜DSML｜parameter>\n<｜DSML｜parameter name="o" string="false">{"k": "é"}</｜DSML｜parameter>\n<｜DSML｜parameter name="q" string="true">42</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>done</tool_result><｜Assistant｜><think>',
+    "arguments that are not JSON": "<｜begin▁of▁sentence｜>\n\n"
+    + TOOLS_BLOCK
+    + '<｜User｜>Hi<｜Assistant｜><think></think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="arguments" string="true">not json</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>done</tool_result><｜Assistant｜><think>',
+    "tool calls without tools dropping reasoning": '<｜begin▁of▁sentence｜><｜User｜>Weather in Paris?<｜Assistant｜></think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>Sunny</tool_result><｜Assistant｜></think>It is sunny.<｜end▁of▁sentence｜><｜User｜>Thanks<｜Assistant｜><think>',
+    "tool result is the last user turn": '<｜begin▁of▁sentence｜><｜User｜>Weather in Paris?<｜Assistant｜></think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>Sunny</tool_result><｜Assistant｜><think>Sunny it is.</think>It is sunny.<｜end▁of▁sentence｜>',
+    "reasoning effort max": "<｜begin▁of▁sentence｜>Reasoning Effort: Absolute maximum with no shortcuts permitted.\nYou MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the root cause, rigorously stress-testing your logic against all potential paths, edge cases, and adversarial scenarios.\nExplicitly write out your entire deliberation process, documenting every intermediate step, considered alternative, and rejected hypothesis to ensure absolutely no assumption is left unchecked.\n\nBe brief.<｜User｜>Hi<｜Assistant｜><think>",
+    "reasoning effort max with tools": "<｜begin▁of▁sentence｜>Reasoning Effort: Absolute maximum with no shortcuts permitted.\nYou MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the root cause, rigorously stress-testing your logic against all potential paths, edge cases, and adversarial scenarios.\nExplicitly write out your entire deliberation process, documenting every intermediate step, considered alternative, and rejected hypothesis to ensure absolutely no assumption is left unchecked.\n\n\n\n"
+    + TOOLS_BLOCK
+    + "<｜User｜>Hi<｜Assistant｜><think>",
+    "reasoning effort max in chat mode": "<｜begin▁of▁sentence｜>Be brief.<｜User｜>Hi<｜Assistant｜></think>",
+    "reasoning effort high": "<｜begin▁of▁sentence｜>Be brief.<｜User｜>Hi<｜Assistant｜><think>",
+    "response format": '<｜begin▁of▁sentence｜>Be brief.\n\n## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n{"type": "json_object"}<｜User｜>Hi<｜Assistant｜><think>',
+    "response format and tools": "<｜begin▁of▁sentence｜>\n\n"
+    + TOOLS_BLOCK
+    + '\n\n## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n{"type": "json_schema", "json_schema": {"name": "w"}}<｜User｜>Hi<｜Assistant｜><think>',
+    "system message mid-conversation": "<｜begin▁of▁sentence｜>Be brief.<｜User｜>Hi<｜Assistant｜></think>Hello!<｜end▁of▁sentence｜>Now be verbose.<｜User｜>Weather in Paris?<｜Assistant｜><think>",
+    "two leading system messages": "<｜begin▁of▁sentence｜>Be brief.Use French.<｜User｜>Hi<｜Assistant｜><think>",
+    "two leading system messages with tools": "<｜begin▁of▁sentence｜>Be brief.\n\n"
+    + TOOLS_BLOCK
+    + "Use French.<｜User｜>Hi<｜Assistant｜><think>",
+    "developer message": "<｜begin▁of▁sentence｜><｜User｜>Answer in French.<｜Assistant｜><think>",
+    "developer message with tools on it": "<｜begin▁of▁sentence｜><｜User｜>Use tools.\n\n"
+    + TOOLS_BLOCK
+    + "<｜Assistant｜><think>",
+    "developer message before the last user turn": "<｜begin▁of▁sentence｜>Be brief.Hello!<｜end▁of▁sentence｜><｜User｜>Weather in Paris?<｜Assistant｜><think>",
+    "developer message kept with drop_thinking=False": "<｜begin▁of▁sentence｜>Be brief.<｜User｜>Be kind.<｜Assistant｜><think>A greeting.</think>Hello!<｜end▁of▁sentence｜><｜User｜>Weather in Paris?<｜Assistant｜><think>",
+    "system message with tools on it": "<｜begin▁of▁sentence｜>Be brief.\n\n"
+    + WEATHER_BLOCK
+    + '<｜User｜>Weather in Paris?<｜Assistant｜><think>Ask the tool.</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>Sunny</tool_result><｜Assistant｜><think>',
+    "latest reminder after the user turn": "<｜begin▁of▁sentence｜>Be brief.<｜User｜>Hi<｜Assistant｜><think><｜latest_reminder｜>Today is Monday.",
+    "latest reminder mid-conversation": "<｜begin▁of▁sentence｜>Be brief.<｜User｜>Hi<｜Assistant｜></think><｜latest_reminder｜>Today is Monday.Hello!<｜end▁of▁sentence｜><｜User｜>Weather in Paris?<｜Assistant｜><think>",
+    "two assistant messages in a row": "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜><think>A greeting.</think>Hello!<｜end▁of▁sentence｜>Offer help.</think>Anything else?<｜end▁of▁sentence｜><｜User｜>Weather in Paris?<｜Assistant｜><think>",
+    "ends with an assistant message": "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜><think>A greeting.</think>Hello!<｜end▁of▁sentence｜>",
+    "continue the final message": "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜><think>Greet.</think>Hel",
+    "continue after reasoning only": "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜><think>Hm</think>",
+    "continue in chat mode": "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜></think>Hel",
+    "continue after tool calls": "<｜begin▁of▁sentence｜>\n\n"
+    + TOOLS_BLOCK
+    + '<｜User｜>Weather in Paris?<｜Assistant｜><think>Ask.</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
+    "reasoning read only from reasoning_content": "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜><think></think>Hello!<｜end▁of▁sentence｜><｜User｜>Weather in Paris?<｜Assistant｜><think>",
+    "query task": "<｜begin▁of▁sentence｜><｜User｜>Weather in Paris?<｜query｜>",
+    "action task": "<｜begin▁of▁sentence｜><｜User｜>Weather in Paris?<｜Assistant｜><think><｜action｜>",
+    "wo_eos on an earlier assistant message": "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜><think></think>Hel</think>lo!<｜end▁of▁sentence｜><｜User｜>Weather in Paris?<｜Assistant｜><think>",
+    "response format on a developer message": '<｜begin▁of▁sentence｜><｜User｜>Reply in JSON.\n\n## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n{"type": "json_object"}<｜Assistant｜></think>',
+    "task output has no reasoning": "<｜begin▁of▁sentence｜><｜User｜>Weather?<｜title｜>Weather<｜end▁of▁sentence｜><｜User｜>Weather in Paris?<｜Assistant｜><think>",
+}
+
+PARSE_CASES = [
+    (
+        "strings and JSON values",
+        '\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n<｜DSML｜parameter name="units" string="false">null</｜DSML｜parameter>\n<｜DSML｜parameter name="hourly" string="false">true</｜DSML｜parameter>\n<｜DSML｜parameter name="at" string="false">[6, 12]</｜DSML｜parameter>\n<｜DSML｜parameter name="opts" string="false">{"lang": "fr"}</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
+        [
+            {
+                "name": "get_weather",
+                "arguments": {
+                    "city": "Paris",
+                    "days": 2,
+                    "units": None,
+                    "hourly": True,
+                    "at": [6, 12],
+                    "opts": {"lang": "fr"},
+                },
+            }
+        ],
+    ),
+    (
+        "a string that looks like a number",
+        '\n<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="code" string="true">42</｜DSML｜parameter>\n<｜DSML｜parameter name="n" string="false">42</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
+        [{"name": "f", "arguments": {"code": "42", "n": 42}}],
+    ),
+    (
+        "no arguments",
+        '\n<｜DSML｜invoke name="get_time">\n\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
+        [{"name": "get_time", "arguments": {}}],
+    ),
+    (
+        "several calls",
+        '\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Rome</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name="get_time">\n\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
+        [
+            {"name": "get_weather", "arguments": {"city": "Paris"}},
+            {"name": "get_weather", "arguments": {"city": "Rome"}},
+            {"name": "get_time", "arguments": {}},
+        ],
+    ),
+    (
+        "multi-line text with quotes and tags",
+        '\n<｜DSML｜invoke name="write">\n<｜DSML｜parameter name="text" string="true">line 1\n"quoted" <b>x</b>\n</｜DSML｜parameter>\n<｜DSML｜parameter name="path" string="true">a.txt</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
+        [
+            {
+                "name": "write",
+                "arguments": {"text": 'line 1\n"quoted" <b>x</b>\n', "path": "a.txt"},
+            }
+        ],
+    ),
+    (
+        "a value holding the invoke closing tag",
+        '\n<｜DSML｜invoke name="write">\n<｜DSML｜parameter name="text" string="true">a</｜DSML｜invoke>b</｜DSML｜parameter>\n<｜DSML｜parameter name="n" string="false">1</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
+        [{"name": "write", "arguments": {"text": "a</｜DSML｜invoke>b", "n": 1}}],
+    ),
+    (
+        "a value holding the block closing tag",
+        '\n<｜DSML｜invoke name="write">\n<｜DSML｜parameter name="text" string="true">x</｜DSML｜tool_calls>y</｜DSML｜parameter>\n<｜DSML｜parameter name="n" string="false">1</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
+        [{"name": "write", "arguments": {"text": "x</｜DSML｜tool_calls>y", "n": 1}}],
+    ),
+    (
+        "a value holding a whole block end",
+        '\n<｜DSML｜invoke name="write">\n<｜DSML｜parameter name="text" string="true"></｜DSML｜invoke>\n</｜DSML｜tool_calls></｜DSML｜parameter>\n<｜DSML｜parameter name="after" string="true">kept</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name="g">\n\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
+        [
+            {
+                "name": "write",
+                "arguments": {
+                    "text": "</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
+                    "after": "kept",
+                },
+            },
+            {"name": "g", "arguments": {}},
+        ],
+    ),
+    (
+        "a value holding a parameter opening tag",
+        '\n<｜DSML｜invoke name="write">\n<｜DSML｜parameter name="text" string="true"><｜DSML｜parameter name="z" string="true">w</｜DSML｜parameter>\n<｜DSML｜parameter name="n" string="false">1</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
+        [
+            {
+                "name": "write",
+                "arguments": {
+                    "text": '<｜DSML｜parameter name="z" string="true">w',
+                    "n": 1,
+                },
+            }
+        ],
+    ),
+    (
+        "empty and unicode strings",
+        '\n<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="a" string="true"></｜DSML｜parameter>\n<｜DSML｜parameter name="b" string="true">é ✓ ｜</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
+        [{"name": "f", "arguments": {"a": "", "b": "é ✓ ｜"}}],
+    ),
+]
+
+DSML = "｜DSML｜"
 
 
 class TestDeepseekV4ChatTemplate(unittest.TestCase):
 
-    def test_single_turn_layout_in_thinking_and_chat_mode(self):
-        messages = [
-            {"role": "system", "content": "Be brief."},
-            {"role": "user", "content": "Hi"},
-        ]
-        prefix = f"{BOS}Be brief.{USER}Hi{ASSISTANT}"
-        out = apply_chat_template(messages, add_generation_prompt=True)
-        self.assertEqual(out, prefix + "<think>")
-        out = apply_chat_template(
-            messages, add_generation_prompt=True, enable_thinking=False
-        )
-        self.assertEqual(out, prefix + "</think>")
+    def test_conversations_render_as_deepseeks_encoder(self):
+        self.assertGreaterEqual(len(CASES), 30)
+        for name, messages, kwargs in CASES:
+            with self.subTest(name):
+                kwargs = {"add_generation_prompt": True, **kwargs}
+                out = apply_chat_template(messages, **kwargs)
+                self.assertEqual(out, EXPECTED[name])
 
-    def test_no_generation_prompt_ends_at_the_user_turn(self):
-        out = apply_chat_template([{"role": "user", "content": "Hi"}])
-        self.assertEqual(out, f"{BOS}{USER}Hi")
-
-    def test_earlier_reasoning_is_dropped_without_tools(self):
-        out = apply_chat_template(CONVERSATION[:4], add_generation_prompt=True)
-        self.assertEqual(
-            out,
-            f"{BOS}Be brief.{USER}Hi{ASSISTANT}</think>Hello!{EOS}"
-            f"{USER}Weather in Paris?{ASSISTANT}<think>",
-        )
-
-    def test_earlier_reasoning_is_kept_with_tools(self):
-        out = apply_chat_template(
-            CONVERSATION[:4], tools=TOOLS, add_generation_prompt=True
-        )
-        self.assertIn(f"{USER}Hi{ASSISTANT}<think>A greeting.</think>Hello!{EOS}", out)
-
-    def test_tools_are_a_tools_block_of_json_schemas_in_the_system_text(self):
-        out = apply_chat_template(
-            CONVERSATION[:2], tools=TOOLS, add_generation_prompt=True
-        )
-        system = out[len(BOS) : out.index(USER)]
-        self.assertTrue(system.startswith("Be brief.\n\n## Tools\n"))
-        self.assertIn("<｜DSML｜tool_calls>", system)
-        self.assertTrue(system.endswith(json.dumps(TOOLS[0]["function"])))
-        # Without a system message the block is the whole system text.
-        out = apply_chat_template(CONVERSATION[1:2], tools=TOOLS)
-        self.assertTrue(out.startswith(f"{BOS}## Tools\n"))
-
-    def test_tool_calls_and_results_round_trip(self):
-        out = apply_chat_template(CONVERSATION, tools=TOOLS, add_generation_prompt=True)
-        self.assertTrue(
-            out.endswith(
-                f"{USER}Weather in Paris?{ASSISTANT}<think>Ask the tool.</think>"
-                f"{DSML_CALL}{EOS}{USER}<tool_result>Sunny</tool_result>"
-                f"{ASSISTANT}<think>"
+    def test_arguments_as_json_text_or_decoded_render_the_same(self):
+        decoded = {"city": "Paris", "days": 2}
+        for a in (decoded, json.dumps(decoded)):
+            calls = [{"function": {"name": "f", "arguments": a}}]
+            self.assertEqual(
+                render_tool_calls(calls),
+                f'\n\n<{DSML}tool_calls>\n<{DSML}invoke name="f">\n'
+                f'<{DSML}parameter name="city" string="true">Paris</{DSML}parameter>\n'
+                f'<{DSML}parameter name="days" string="false">2</{DSML}parameter>\n'
+                f"</{DSML}invoke>\n</{DSML}tool_calls>",
             )
-        )
 
-    def test_tool_results_and_user_text_share_one_user_turn(self):
-        messages = CONVERSATION + [
-            {"role": "tool", "content": "Rain"},
-            {"role": "user", "content": "And tomorrow?"},
+    def test_inputs_deepseeks_encoder_rejects_raise_naming_the_field(self):
+        hi = {"role": "user", "content": "Hi"}
+
+        def assistant(call):
+            return {"role": "assistant", "content": "", "tool_calls": [call]}
+
+        bad = [
+            ("reasoning_effort", [hi], {"reasoning_effort": "low"}),
+            ("developer", [{"role": "developer", "content": ""}], {}),
+            ("role 'bot'", [hi, {"role": "bot", "content": "x"}], {}),
+            (
+                "JSON object",
+                [hi, assistant({"function": {"name": "f", "arguments": "[1]"}})],
+                {},
+            ),
+            ("'function'", [hi, assistant({"name": "f", "arguments": {}})], {}),
+            ("task", [{"role": "user", "content": "x", "task": "bogus"}], {}),
+            (r"messages\[0\]: user content", [{"role": "user", "content": None}], {}),
+            (r"tools\[0\]", [hi], {"tools": [{"name": "f"}]}),
+            ("thinking_mode", [hi], {"thinking_mode": "deep"}),
+            ("continue_final_message", [hi], {"continue_final_message": True}),
         ]
-        out = apply_chat_template(messages, tools=TOOLS, enable_thinking=False)
-        self.assertTrue(
-            out.endswith(
-                f"{EOS}{USER}<tool_result>Sunny</tool_result>\n"
-                "<tool_result>Rain</tool_result>\nAnd tomorrow?"
+        for field, messages, kwargs in bad:
+            with self.subTest(field):
+                with self.assertRaisesRegex(ValueError, field):
+                    apply_chat_template(messages, **kwargs)
+        with self.assertRaises(ValueError):
+            apply_chat_template(
+                [hi], add_generation_prompt=True, continue_final_message=True
             )
-        )
-        self.assertNotIn("role", out)
 
-    def test_arguments_as_a_json_string_render_the_same(self):
-        call = {
-            "function": {
-                "name": "get_weather",
-                "arguments": json.dumps({"city": "Paris", "days": 2}),
-            }
-        }
-        self.assertEqual(render_tool_calls([call]), DSML_CALL)
-
-    def test_continue_final_message_leaves_the_turn_open(self):
-        messages = [
-            {"role": "user", "content": "Hi"},
-            {"role": "assistant", "content": "Hel"},
-        ]
-        out = apply_chat_template(
-            messages, continue_final_message=True, enable_thinking=False
-        )
-        self.assertEqual(out, f"{BOS}{USER}Hi{ASSISTANT}</think>Hel")
-        messages[-1] = {"role": "assistant", "reasoning_content": "Hm"}
-        out = apply_chat_template(messages, continue_final_message=True)
-        self.assertEqual(out, f"{BOS}{USER}Hi{ASSISTANT}<think>Hm")
+    def test_messages_are_not_changed(self):
+        messages = json.loads(json.dumps(CASES[13][1]))
+        before = json.dumps(messages)
+        apply_chat_template(messages, tools=TOOLS, continue_final_message=False)
+        self.assertEqual(json.dumps(messages), before)
 
 
 class TestDeepseekV4ToolParser(unittest.TestCase):
 
+    def parse(self, text):
+        calls = tool_parser.parse_tool_call(text, TOOLS)
+        return calls if isinstance(calls, list) else [calls]
+
     def test_markers(self):
-        self.assertEqual(tool_parser.tool_call_start, "<｜DSML｜tool_calls>")
-        self.assertEqual(tool_parser.tool_call_end, "</｜DSML｜tool_calls>")
+        # The block starts after a blank line and runs to the end of the reply.
+        self.assertEqual(tool_parser.tool_call_start, f"\n\n<{DSML}tool_calls>")
+        self.assertEqual(tool_parser.tool_call_end, "")
 
-    def test_string_true_is_raw_and_string_false_is_json(self):
-        text = (
-            '<｜DSML｜invoke name="f">\n'
-            '<｜DSML｜parameter name="s" string="true">12 "a"\n b</｜DSML｜parameter>\n'
-            '<｜DSML｜parameter name="n" string="false">12</｜DSML｜parameter>\n'
-            '<｜DSML｜parameter name="o" string="false">{"k": [1, null]}'
-            "</｜DSML｜parameter>\n"
-            '<｜DSML｜parameter name="b" string="false">true</｜DSML｜parameter>\n'
-            "</｜DSML｜invoke>\n"
-        )
+    def test_completions_parse_as_deepseeks_parser(self):
+        for name, text, expected in PARSE_CASES:
+            with self.subTest(name):
+                self.assertEqual(self.parse(text), expected)
+                # With the start marker, or a newline before the end.
+                self.assertEqual(self.parse(text + "\n"), expected)
+                text = tool_parser.tool_call_start + text
+                self.assertEqual(self.parse(text), expected)
+
+    def test_a_second_block_adds_its_calls(self):
+        first, second = PARSE_CASES[0], PARSE_CASES[3]
+        text = first[1] + tool_parser.tool_call_start + second[1]
+        self.assertEqual(self.parse(text), first[2] + second[2])
+
+    def test_one_call_is_a_dict_several_a_list(self):
+        self.assertIsInstance(tool_parser.parse_tool_call(PARSE_CASES[0][1]), dict)
+        self.assertIsInstance(tool_parser.parse_tool_call(PARSE_CASES[3][1]), list)
+
+    def test_ascii_bar_markers(self):
+        for name, text, expected in PARSE_CASES[:5]:
+            for marker in ("|DSML|", "｜DSML|", "|DSML｜"):
+                with self.subTest(name, marker=marker):
+                    self.assertEqual(self.parse(text.replace(DSML, marker)), expected)
+
+    def test_a_parameter_ends_at_the_next_parameter(self):
+        text, expected = PARSE_CASES[0][1], PARSE_CASES[0][2]
+        # No parameter closed: each ends where the next one (or the invoke's
+        # closing tag) starts.
+        self.assertEqual(self.parse(text.replace(f"</{DSML}parameter>", "")), expected)
+        last = f'{{"lang": "fr"}}</{DSML}parameter>'
+        self.assertEqual(self.parse(text.replace(last, '{"lang": "fr"}')), expected)
+        # With a later closing tag, DeepSeek's parser runs the value to it.
+        (call,) = self.parse(text.replace(f"Paris</{DSML}parameter>", "Paris", 1))
         self.assertEqual(
-            tool_parser.parse_tool_call(text),
-            {
-                "name": "f",
-                "arguments": {
-                    "s": '12 "a"\n b',
-                    "n": 12,
-                    "o": {"k": [1, None]},
-                    "b": True,
-                },
-            },
+            call["arguments"]["city"],
+            f'Paris\n<{DSML}parameter name="days" string="false">2',
         )
 
-    def test_several_invokes_give_a_list(self):
-        text = DSML_CALL + DSML_CALL.replace("Paris", "Rome")
-        calls = tool_parser.parse_tool_call(text)
-        self.assertEqual(
-            calls,
-            [
-                {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}},
-                {"name": "get_weather", "arguments": {"city": "Rome", "days": 2}},
-            ],
-        )
-
-    def test_rendered_calls_parse_back(self):
-        arguments = {"a": "x\ny", "b": [1, 2], "c": {"d": False}, "e": 3.5}
-        calls = [{"name": "f", "arguments": arguments}, {"name": "g", "arguments": {}}]
-        self.assertEqual(tool_parser.parse_tool_call(render_tool_calls(calls)), calls)
+    def test_a_string_value_that_looks_like_a_number_stays_a_string(self):
+        (call,) = self.parse(PARSE_CASES[1][1])
+        self.assertEqual(call["arguments"], {"code": "42", "n": 42})
 
     def test_truncated_closing_markers(self):
-        expected = {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}
-        body = DSML_CALL[: DSML_CALL.index("</｜DSML｜tool_calls>")]
-        for end in ("</｜DSML｜tool_calls>", "</｜DSML｜tool_calls"):
+        text, expected = PARSE_CASES[0][1], PARSE_CASES[0][2]
+        for end in (f"</{DSML}tool_calls>", f"</{DSML}invoke>\n</{DSML}tool_calls>"):
+            body = text[: text.rindex(end)]
             for cut in range(len(end)):
                 with self.subTest(text=end[:cut]):
-                    text = body + end[:cut]
-                    self.assertEqual(tool_parser.parse_tool_call(text), expected)
-        body = DSML_CALL[: DSML_CALL.index("</｜DSML｜parameter>\n</｜DSML｜invoke>")]
-        for cut in range(len("</｜DSML｜parameter>")):
-            with self.subTest(text="</｜DSML｜parameter>"[:cut]):
-                text = body + "</｜DSML｜parameter>"[:cut]
-                self.assertEqual(tool_parser.parse_tool_call(text), expected)
+                    self.assertEqual(self.parse(body + end[:cut]), expected)
+        body = text[: text.rindex(f"</{DSML}parameter>")]
+        for cut in range(len(f"</{DSML}parameter>")):
+            with self.subTest(text=f"</{DSML}parameter>"[:cut]):
+                self.assertEqual(
+                    self.parse(body + f"</{DSML}parameter>"[:cut]), expected
+                )
 
     def test_unclosed_invoke_is_followed_by_the_next_one(self):
-        text = DSML_CALL.replace("</｜DSML｜invoke>\n", "")
-        text = text.replace("</｜DSML｜tool_calls>", "") + DSML_CALL
-        calls = tool_parser.parse_tool_call(text)
-        self.assertEqual(len(calls), 2)
-        self.assertEqual(calls[0], calls[1])
+        text = PARSE_CASES[3][1].replace(f"</{DSML}invoke>\n", "", 1)
+        self.assertEqual(self.parse(text), PARSE_CASES[3][2])
 
-    def test_no_invoke_raises(self):
-        with self.assertRaises(ValueError):
-            tool_parser.parse_tool_call("Just text.")
+    def test_text_it_cannot_read_raises_and_is_not_half_parsed(self):
+        one = PARSE_CASES[0][1]
+        several = PARSE_CASES[3][1]
+        bad = [
+            "Just text.",
+            "",
+            several.replace(
+                f"</{DSML}invoke>\n<{DSML}invoke",
+                f"</{DSML}invoke>\nand then\n<{DSML}invoke",
+                1,
+            ),
+            one + "\nThat is all.",
+            one.replace(f'<{DSML}invoke name="get_weather">', f"<{DSML}invoke>"),
+            one.replace(
+                f"</{DSML}parameter>\n<{DSML}parameter",
+                f"</{DSML}parameter>\nnoise<{DSML}parameter",
+                1,
+            ),
+            f'\n<{DSML}parameter name="a" string="true">x</{DSML}parameter>\n</{DSML}tool_calls>',
+        ]
+        for text in bad:
+            with self.subTest(text=text[:60]):
+                with self.assertRaises(ValueError):
+                    tool_parser.parse_tool_call(text)
+
+    def test_rendered_calls_parse_back(self):
+        arguments = {"a": "x\ny", "b": [1, 2], "c": {"d": False}, "e": 3.5, "f": "7"}
+        calls = [{"name": "f", "arguments": arguments}, {"name": "g", "arguments": {}}]
+        text = render_tool_calls([{"function": c} for c in calls])
+        self.assertEqual(self.parse(text), calls)
 
 
 class TestDeepseekV4ChatLoad(unittest.TestCase):
@@ -252,31 +745,47 @@ class TestDeepseekV4ChatLoad(unittest.TestCase):
         self.assertEqual(tokens[0], tokenizer.bos_token_id)
         self.assertEqual(tokenizer.decode(tokens), text)
 
-    def test_streamed_tool_calls_reach_the_parser(self):
-        # As the server splits the stream, with the closing marker cut short.
+    def split(self, chunks):
         from mlx_lm.generate import TextStateMachine, make_text_state_machine
 
-        tokenizer = self.tokenizer
-        machine = make_text_state_machine(tokenizer)
-        for output in ("Let me check." + DSML_CALL, "Let me check." + DSML_CALL[:-3]):
-            state = machine.make_state("normal")
-            detokenizer = tokenizer.detokenizer
-            segments = []
-            for token in tokenizer.encode(output, add_special_tokens=False):
-                detokenizer.add_token(token)
-                state, new = TextStateMachine.split(state, detokenizer.last_segment)
-                segments += new
-            detokenizer.finalize()
-            state, new = TextStateMachine.split(state, detokenizer.last_segment)
+        machine = make_text_state_machine(self.tokenizer)
+        state = machine.make_state("normal")
+        segments = []
+        for chunk in chunks:
+            state, new = TextStateMachine.split(state, chunk)
             segments += new
-            TextStateMachine.discard(state)
-            tool_text = "".join(t for s, t in segments if s == "tool")
-            self.assertEqual(
-                tokenizer.tool_parser(tool_text, TOOLS),
-                {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}},
-            )
-            text = "".join(t for s, t in segments if s == "normal")
-            self.assertEqual(text.strip(), "Let me check.")
+        TextStateMachine.discard(state)
+        text = "".join(t for s, t in segments if s == "normal")
+        tool_text = "".join(t for s, t in segments if s == "tool")
+        return text, tool_text
+
+    def test_streamed_tool_calls_in_any_chunking(self):
+        # As the server splits the stream: the block runs to the end.
+        for name, block, expected in PARSE_CASES:
+            output = "Let me check." + tool_parser.tool_call_start + block
+            for size in (1, 5, len(output)):
+                with self.subTest(name, size=size):
+                    chunks = [output[i : i + size] for i in range(0, len(output), size)]
+                    text, tool_text = self.split(chunks)
+                    self.assertEqual(text, "Let me check.")
+                    calls = tool_parser.parse_tool_call(tool_text, TOOLS)
+                    calls = calls if isinstance(calls, list) else [calls]
+                    self.assertEqual(calls, expected)
+
+    def test_streamed_tokens_reach_the_parser(self):
+        tokenizer = self.tokenizer
+        name, block, expected = PARSE_CASES[7]
+        output = "Let me check." + tool_parser.tool_call_start + block
+        detokenizer = tokenizer.detokenizer
+        chunks = []
+        for token in tokenizer.encode(output, add_special_tokens=False):
+            detokenizer.add_token(token)
+            chunks.append(detokenizer.last_segment)
+        detokenizer.finalize()
+        chunks.append(detokenizer.last_segment)
+        text, tool_text = self.split(chunks)
+        self.assertEqual(text, "Let me check.")
+        self.assertEqual(tool_parser.parse_tool_call(tool_text, TOOLS), expected)
 
     def test_a_template_in_the_checkpoint_wins(self):
         with tempfile.TemporaryDirectory() as tmp:

@@ -2,53 +2,117 @@
 
 """The DeepSeek-V4 chat format, for checkpoints without a chat template.
 
-``BOS system <｜User｜>... <｜Assistant｜><think>...</think>... EOS``. Tool
-results have no role of their own: they are folded into the next user turn.
+Writes what DeepSeek's ``encoding_dsv4.py`` writes. Tool results have no role
+of their own: they are folded into the next user turn. ``tools`` and
+``response_format`` go on the first system message (an empty one is added if
+there is none); ``tools`` given on a system or developer message are kept.
 """
 
 import json
-from typing import Any, Dict, List
+from typing import Any, Dict, List, Optional
 
-from .deepseek_v32 import to_json, tools_from_openai_format
+from .deepseek_v32 import to_json
 
 bos_token = "<｜begin▁of▁sentence｜>"
 eos_token = "<｜end▁of▁sentence｜>"
 user_token = "<｜User｜>"
 assistant_token = "<｜Assistant｜>"
+latest_reminder_token = "<｜latest_reminder｜>"
 thinking_start_token = "<think>"
 thinking_end_token = "</think>"
 dsml_token = "｜DSML｜"
 
+task_tokens = {
+    "action": "<｜action｜>",
+    "query": "<｜query｜>",
+    "authority": "<｜authority｜>",
+    "domain": "<｜domain｜>",
+    "title": "<｜title｜>",
+    "read_url": "<｜read_url｜>",
+}
+
+REASONING_EFFORTS = ("max", "high", None)
+
+REASONING_EFFORT_MAX = (
+    "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"
+    "You MUST be very thorough in your thinking and comprehensively decompose "
+    "the problem to resolve the root cause, rigorously stress-testing your "
+    "logic against all potential paths, edge cases, and adversarial scenarios.\n"
+    "Explicitly write out your entire deliberation process, documenting every "
+    "intermediate step, considered alternative, and rejected hypothesis to "
+    "ensure absolutely no assumption is left unchecked.\n\n"
+)
+
 TOOLS_TEMPLATE = """## Tools
 
-You can call the tools below. To call tools, end your reply with one block like this:
+You have access to a set of tools to help answer the user's question. \
+You can invoke tools by writing a "<{dsml}tool_calls>" block like the following:
 
 <{dsml}tool_calls>
 <{dsml}invoke name="$TOOL_NAME">
-<{dsml}parameter name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE</{dsml}parameter>
+<{dsml}parameter name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE\
+</{dsml}parameter>
 ...
 </{dsml}invoke>
-<{dsml}invoke name="$TOOL_NAME_2">
+<{dsml}invoke name="$TOOL_NAME2">
 ...
 </{dsml}invoke>
 </{dsml}tool_calls>
 
-Use string="true" for string values, written as is without quotes or escaping, and string="false" for every other value (numbers, booleans, arrays, objects), written as JSON. The results come back in the next user message, each as <tool_result>...</tool_result>.
+String parameters should be specified as is and set `string="true"`. \
+For all other types (numbers, booleans, arrays, objects), pass the value in \
+JSON format and set `string="false"`.
 
-The tools, as JSON schemas:
-{schemas}"""
+If thinking_mode is enabled (triggered by {start}), you MUST output your \
+complete reasoning inside {start}...{end} BEFORE any tool calls or final \
+response.
+
+Otherwise, output directly after {end} with tool calls or final response.
+
+### Available Tool Schemas
+
+{schemas}
+
+You MUST strictly follow the above defined tool name and parameter schemas \
+to invoke tool calls.
+"""
+
+RESPONSE_FORMAT_TEMPLATE = (
+    "## Response Format:\n\n"
+    "You MUST strictly adhere to the following schema to reply:\n{schema}"
+)
 
 
 def render_tools(tools) -> str:
-    schemas = "\n".join(to_json(t) for t in tools_from_openai_format(tools))
-    return TOOLS_TEMPLATE.format(dsml=dsml_token, schemas=schemas)
+    schemas = []
+    for i, tool in enumerate(tools):
+        if not isinstance(tool, dict) or "function" not in tool:
+            raise ValueError(f"tools[{i}] has no 'function': {tool!r}")
+        schemas.append(to_json(tool["function"]))
+    return TOOLS_TEMPLATE.format(
+        dsml=dsml_token,
+        start=thinking_start_token,
+        end=thinking_end_token,
+        schemas="\n".join(schemas),
+    )
 
 
-def _render_parameter(name: str, value: Any) -> str:
-    if isinstance(value, str):
-        string = "true"
-    else:
-        string, value = "false", to_json(value)
+def _arguments(arguments) -> Dict[str, Any]:
+    # A JSON object as text (OpenAI) or already decoded (mlx_lm.server); any
+    # other text is passed on as one "arguments" string.
+    if isinstance(arguments, str):
+        try:
+            arguments = json.loads(arguments)
+        except ValueError:
+            return {"arguments": arguments}
+    if not isinstance(arguments, dict):
+        raise ValueError(f"Tool call arguments must be a JSON object: {arguments!r}")
+    return arguments
+
+
+def _render_parameter(name, value) -> str:
+    string = "true" if isinstance(value, str) else "false"
+    value = value if isinstance(value, str) else to_json(value)
     return (
         f'<{dsml_token}parameter name="{name}" string="{string}">'
         f"{value}</{dsml_token}parameter>"
@@ -56,92 +120,271 @@ def _render_parameter(name: str, value: Any) -> str:
 
 
 def render_tool_calls(tool_calls: List[Dict[str, Any]]) -> str:
+    """The DSML block of OpenAI-format tool calls, with its leading blank line."""
     invokes = []
-    for call in tool_calls:
-        call = call.get("function", call)
-        arguments = call.get("arguments") or {}
-        if isinstance(arguments, str):
-            arguments = json.loads(arguments)
-        params = [_render_parameter(k, v) for k, v in arguments.items()]
-        invokes.append(
-            "\n".join(
-                [f'<{dsml_token}invoke name="{call["name"]}">']
-                + params
-                + [f"</{dsml_token}invoke>"]
+    for i, call in enumerate(tool_calls):
+        function = call.get("function") if isinstance(call, dict) else None
+        if (
+            not isinstance(function, dict)
+            or not {"name", "arguments"} <= function.keys()
+        ):
+            raise ValueError(
+                f"tool_calls[{i}] needs a 'function' with 'name' and 'arguments': "
+                f"{call!r}"
             )
+        params = "\n".join(
+            _render_parameter(k, v)
+            for k, v in _arguments(function["arguments"]).items()
         )
-    return "\n\n" + "\n".join(
-        [f"<{dsml_token}tool_calls>"] + invokes + [f"</{dsml_token}tool_calls>"]
+        invokes.append(
+            f'<{dsml_token}invoke name="{function["name"]}">\n{params}\n'
+            f"</{dsml_token}invoke>"
+        )
+    invokes = "\n".join(invokes)
+    return f"\n\n<{dsml_token}tool_calls>\n{invokes}\n</{dsml_token}tool_calls>"
+
+
+def _tool_result(content) -> str:
+    if isinstance(content, list):
+        parts = []
+        for part in content:
+            if not isinstance(part, dict):
+                raise ValueError(f"Tool result parts must be dicts, got {part!r}")
+            if part.get("type") == "text":
+                parts.append(part.get("text", ""))
+            else:
+                parts.append(f"[Unsupported {part.get('type')}]")
+        content = "\n\n".join(parts)
+    return f"<tool_result>{content}</tool_result>"
+
+
+def _merge_tool_results(messages):
+    """Fold tool messages and runs of user messages into single user turns.
+
+    A user turn keeps its parts (text or tool result) and the index of the
+    message it starts at, for errors.
+    """
+    merged = []
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict):
+            raise ValueError(f"messages[{i}] must be a dict, got {message!r}")
+        role = message.get("role")
+        last = merged[-1] if merged else {}
+        if role == "tool":
+            part = ("tool", message.get("content", ""), message.get("tool_call_id", ""))
+            if last.get("role") == "user":
+                last["parts"].append(part)
+            else:
+                merged.append({"role": "user", "parts": [part], "index": i})
+        elif role == "user":
+            part = ("text", message.get("content", ""), None)
+            if last.get("role") == "user" and last.get("task") is None:
+                last["parts"].append(part)
+            else:
+                turn = {"role": "user", "parts": [part], "index": i}
+                turn.update({k: message[k] for k in ("task", "wo_eos") if k in message})
+                merged.append(turn)
+        else:
+            merged.append({**message, "role": role, "index": i})
+    return merged
+
+
+def _sort_tool_results(messages):
+    """Put the tool results of each user turn in the order of the calls."""
+    order = {}
+    for message in messages:
+        if message["role"] == "assistant" and message.get("tool_calls"):
+            order = {}
+            for i, call in enumerate(message["tool_calls"]):
+                if not isinstance(call, dict):
+                    continue
+                call_id = call.get("id") or call.get("function", {}).get("id", "")
+                if call_id:
+                    order[call_id] = i
+        elif message["role"] == "user":
+            results = [p for p in message["parts"] if p[0] == "tool"]
+            if len(results) > 1 and order:
+                results = iter(sorted(results, key=lambda p: order.get(p[2], 0)))
+                message["parts"] = [
+                    next(results) if p[0] == "tool" else p for p in message["parts"]
+                ]
+
+
+def _last_user(messages) -> int:
+    roles = [m["role"] for m in messages]
+    return max(
+        (i for i, r in enumerate(roles) if r in ("user", "developer")), default=-1
     )
 
 
-def _reasoning(message):
-    return message.get("reasoning_content") or message.get("reasoning") or ""
+# Kept before the last user turn, as DeepSeek's encoder does.
+_KEPT_ROLES = ("user", "system", "latest_reminder", "direct_search_results")
 
 
-def _user_part(message):
-    content = message.get("content") or ""
-    if message["role"] == "tool":
-        return f"<tool_result>{content}</tool_result>"
-    return content
+def _drop_thinking(messages):
+    """Before the last user turn: no reasoning, no developer messages."""
+    last_user = _last_user(messages)
+    kept = []
+    for i, message in enumerate(messages):
+        role = message["role"]
+        if i >= last_user or role in _KEPT_ROLES:
+            kept.append(message)
+        elif role == "assistant":
+            kept.append({k: v for k, v in message.items() if k != "reasoning_content"})
+    return kept
+
+
+def _render_message(i, messages, thinking, drop_thinking, last_user):
+    message = messages[i]
+    role = message["role"]
+    where = f"messages[{message['index']}]"
+    content = message.get("content")
+
+    if role == "system":
+        text = f"{content or ''}"
+    elif role == "developer":
+        if not content or not isinstance(content, str):
+            raise ValueError(f"{where}: a developer message needs text content")
+        text = user_token + content
+    elif role == "user":
+        parts = []
+        for kind, value, _ in message["parts"]:
+            if kind == "tool":
+                parts.append(_tool_result(value))
+            elif isinstance(value, str):
+                parts.append(value)
+            else:
+                raise ValueError(f"{where}: user content must be a string")
+        text = user_token + "\n\n".join(parts)
+    elif role == "latest_reminder":
+        text = f"{latest_reminder_token}{content}"
+    elif role == "assistant":
+        text = ""
+        prev_task = i > 0 and messages[i - 1].get("task") is not None
+        if thinking and not prev_task and (not drop_thinking or i > last_user):
+            text = f"{message.get('reasoning_content') or ''}{thinking_end_token}"
+        text += f"{content or ''}"
+        if message.get("tool_calls"):
+            text += render_tool_calls(message["tool_calls"])
+        if not message.get("wo_eos", False):
+            text += eos_token
+    else:
+        raise ValueError(f"{where}: unknown role {role!r}")
+
+    if role in ("system", "developer"):
+        if tools := message.get("tools"):
+            text += "\n\n" + render_tools(tools)
+        if response_format := message.get("response_format"):
+            text += "\n\n" + RESPONSE_FORMAT_TEMPLATE.format(
+                schema=to_json(response_format)
+            )
+
+    # The assistant's turn opens after the user turn it answers.
+    if i + 1 < len(messages) and messages[i + 1]["role"] not in (
+        "assistant",
+        "latest_reminder",
+    ):
+        return text
+    think = thinking_start_token if thinking else thinking_end_token
+    task = message.get("task")
+    if task is not None:
+        if task not in task_tokens:
+            raise ValueError(
+                f"{where}: invalid task {task!r}, expected one of {list(task_tokens)}"
+            )
+        if task == "action":
+            text += assistant_token + think
+        text += task_tokens[task]
+    elif role in ("user", "developer"):
+        if drop_thinking and i < last_user:
+            think = thinking_end_token
+        text += assistant_token + think
+    return text
 
 
 def apply_chat_template(
     messages: List[Dict[str, Any]],
-    tools=None,
+    tools: Optional[List[Dict[str, Any]]] = None,
     add_generation_prompt: bool = False,
     continue_final_message: bool = False,
     enable_thinking: bool = True,
+    reasoning_effort: Optional[str] = None,
+    drop_thinking: bool = True,
+    response_format: Optional[Dict[str, Any]] = None,
     **kwargs,
 ) -> str:
+    """Render ``messages`` as DeepSeek's ``encode_messages`` does.
+
+    ``enable_thinking`` (or ``thinking``) picks thinking or chat mode,
+    ``reasoning_effort`` is ``"max"``, ``"high"`` or ``None``. Earlier
+    reasoning is dropped unless ``drop_thinking=False`` or there are tools.
+    ``continue_final_message`` leaves the final assistant message open
+    (DeepSeek's ``wo_eos``); without ``add_generation_prompt`` a final user
+    turn is not followed by the assistant's.
+    """
     if continue_final_message and add_generation_prompt:
         raise ValueError(
             "Only one of continue_final_message or add_generation_prompt can be True"
         )
     thinking = kwargs.get("thinking", enable_thinking)
+    if "thinking_mode" in kwargs:
+        if kwargs["thinking_mode"] not in ("chat", "thinking"):
+            raise ValueError(
+                f"Invalid thinking_mode {kwargs['thinking_mode']!r}, "
+                "expected 'chat' or 'thinking'"
+            )
+        thinking = kwargs["thinking_mode"] == "thinking"
 
-    n_system = 0
-    while n_system < len(messages) and messages[n_system]["role"] in (
-        "system",
-        "developer",
+    messages = list(messages)
+    if tools or response_format:
+        if messages and messages[0].get("role") == "system":
+            system = dict(messages[0])
+            if tools and system.get("tools"):
+                raise ValueError(
+                    "tools are given both as an argument and in messages[0]"
+                )
+        else:
+            system = {"role": "system", "content": ""}
+            messages.insert(0, system)
+        if tools:
+            system["tools"] = tools
+        if response_format:
+            system["response_format"] = response_format
+        messages[0] = system
+    if messages and reasoning_effort not in REASONING_EFFORTS:
+        raise ValueError(
+            f"Invalid reasoning_effort {reasoning_effort!r}, expected one of "
+            f"{list(REASONING_EFFORTS)}"
+        )
+    if continue_final_message:
+        if not messages or messages[-1].get("role") != "assistant":
+            raise ValueError("continue_final_message needs a final assistant message")
+        messages[-1] = {**messages[-1], "wo_eos": True}
+
+    messages = _merge_tool_results(messages)
+    _sort_tool_results(messages)
+    if any(m.get("tools") for m in messages):
+        drop_thinking = False
+    if thinking and drop_thinking:
+        messages = _drop_thinking(messages)
+
+    last_user = _last_user(messages)
+    prompt = bos_token
+    if messages and thinking and reasoning_effort == "max":
+        prompt += REASONING_EFFORT_MAX
+    for i in range(len(messages)):
+        prompt += _render_message(i, messages, thinking, drop_thinking, last_user)
+
+    if (
+        not add_generation_prompt
+        and messages
+        and messages[-1]["role"] in ("user", "developer")
+        and messages[-1].get("task") is None
     ):
-        n_system += 1
-    system = [m.get("content") or "" for m in messages[:n_system]]
-    if tools:
-        system.append(render_tools(tools))
-    prompt = bos_token + "\n\n".join(s for s in system if s)
-
-    last_user = max(
-        (i for i, m in enumerate(messages) if m["role"] == "user"), default=-1
-    )
-
-    # A user turn is a run of user, tool and later system messages.
-    turn = []
-    for i, message in enumerate(messages[n_system:], start=n_system):
-        if message["role"] != "assistant":
-            turn.append(_user_part(message))
-            continue
-        if turn:
-            prompt += user_token + "\n".join(turn)
-            turn = []
-        prompt += assistant_token
-        final = continue_final_message and i == len(messages) - 1
-        content = message.get("content") or ""
-        tool_calls = message.get("tool_calls")
-        # Reasoning before the last user message is kept only with tools.
-        if thinking and (tools or i > last_user):
-            prompt += thinking_start_token + _reasoning(message)
-            if final and not content and not tool_calls:
-                return prompt
-        prompt += thinking_end_token + content
-        if tool_calls:
-            prompt += render_tool_calls(tool_calls)
-        if not final:
-            prompt += eos_token
-
-    if turn:
-        prompt += user_token + "\n".join(turn)
-        if add_generation_prompt:
-            prompt += assistant_token
-            prompt += thinking_start_token if thinking else thinking_end_token
+        think = thinking_start_token if thinking else thinking_end_token
+        prompt = prompt.removesuffix(assistant_token + think)
     return prompt
+
+
+# mlx_lm.server leaves tool results given as lists of parts to this template.
+apply_chat_template.keeps_tool_parts = True

@@ -1,0 +1,348 @@
+# Copyright © 2026 Apple Inc.
+
+"""mlx_lm.server with a tiny DeepSeek-V4 that writes a DSML tool call.
+
+The model's layers add nothing to the residual stream, so its next token
+depends only on the current one: the embeddings and lm_head are set so that
+greedy decoding follows a chosen chain of tokens, which the tokenizer has as
+added tokens.
+"""
+
+import argparse
+import http.server
+import importlib.util
+import json
+import tempfile
+import threading
+import unittest
+import urllib.request
+from pathlib import Path
+from unittest import mock
+
+import mlx.core as mx
+from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.server import (
+    APIHandler,
+    CompletionRequest,
+    LRUPromptCache,
+    ModelProvider,
+    ResponseGenerator,
+    process_message_content,
+)
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+from test_deepseek_v4 import TINY_CONFIG, make_tiny_model, make_tiny_tokenizer
+
+from mlx_lm import load
+
+HAS_OPENAI = importlib.util.find_spec("openai") is not None
+
+DSML = "｜DSML｜"
+NOTE = f"a</{DSML}invoke>\n</{DSML}tool_calls>b"
+ARGUMENTS = {"city": "Paris", "days": 2, "note": NOTE}
+
+# Each token is followed by the next; a tuple is a chain of its own.
+CHAINS = [
+    (
+        "</think>",
+        f"\n\n<{DSML}tool_calls>",
+        f'\n<{DSML}invoke name="get_weather">\n',
+        f'<{DSML}parameter name="city" string="true">',
+        "Paris",
+        f"</{DSML}parameter>\n",
+        f'<{DSML}parameter name="days" string="false">',
+        "2",
+        f'</{DSML}parameter>\n<{DSML}parameter name="note" string="true">',
+        NOTE,
+        f"</{DSML}parameter>\n</{DSML}invoke>\n</{DSML}tool_calls>",
+        None,
+    ),
+    ("<think>", "It is sunny in Paris.", None),
+]
+
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string"},
+                    "days": {"type": "integer"},
+                    "note": {"type": "string"},
+                },
+                "required": ["city"],
+            },
+        },
+    }
+]
+
+# The prompts of both turns, as DeepSeek's encoding_dsv4.py writes them.
+TOOLS_BLOCK = '## Tools\n\nYou have access to a set of tools to help answer the user\'s question. You can invoke tools by writing a "<｜DSML｜tool_calls>" block like the following:\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="$TOOL_NAME">\n<｜DSML｜parameter name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE</｜DSML｜parameter>\n...\n</｜DSML｜invoke>\n<｜DSML｜invoke name="$TOOL_NAME2">\n...\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>\n\nString parameters should be specified as is and set `string="true"`. For all other types (numbers, booleans, arrays, objects), pass the value in JSON format and set `string="false"`.\n\nIf thinking_mode is enabled (triggered by <think>), you MUST output your complete reasoning inside <think>...</think> BEFORE any tool calls or final response.\n\nOtherwise, output directly after </think> with tool calls or final response.\n\n### Available Tool Schemas\n\n{"name": "get_weather", "description": "The weather in a city.", "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}, "note": {"type": "string"}}, "required": ["city"]}}\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n'
+TURN_1_PROMPT = (
+    "<｜begin▁of▁sentence｜>\n\n"
+    + TOOLS_BLOCK
+    + "<｜User｜>Weather in Paris?<｜Assistant｜></think>"
+)
+TURN_2_PROMPT = (
+    "<｜begin▁of▁sentence｜>Reasoning Effort: Absolute maximum with no shortcuts permitted.\nYou MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the root cause, rigorously stress-testing your logic against all potential paths, edge cases, and adversarial scenarios.\nExplicitly write out your entire deliberation process, documenting every intermediate step, considered alternative, and rejected hypothesis to ensure absolutely no assumption is left unchecked.\n\n\n\n"
+    + TOOLS_BLOCK
+    + '<｜User｜>Weather in Paris?<｜Assistant｜><think></think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n<｜DSML｜parameter name="note" string="true">a</｜DSML｜invoke>\n</｜DSML｜tool_calls>b</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>Sunny\n\n22 C</tool_result><｜Assistant｜><think>'
+)
+
+
+def make_chain_model_folder(path):
+    """A tiny DeepSeek-V4 whose greedy decoding follows CHAINS."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    make_tiny_tokenizer(path, TINY_CONFIG["vocab_size"])
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    words = sorted({w for chain in CHAINS for w in chain if w is not None})
+    tokenizer.add_tokens(words)
+    tokenizer.save_pretrained(path)
+    ids = {w: tokenizer.convert_tokens_to_ids(w) for w in words}
+    ids[None] = tokenizer.eos_token_id
+
+    config = {**TINY_CONFIG, "vocab_size": len(tokenizer)}
+    model = make_tiny_model(config)
+    # Layers add nothing (their output weights are zero), so the hidden state
+    # is the embedding of the current token.
+    flat = [
+        (k, v if "_hc." in k or k.endswith("tid2eid") else mx.zeros_like(v))
+        for k, v in tree_flatten(model.parameters())
+        if k.startswith("model.layers.")
+    ]
+    model.update(tree_unflatten(flat))
+    embed = mx.zeros_like(model.model.embed_tokens.weight)
+    head = mx.zeros_like(model.lm_head.weight)
+    pairs = [(a, b) for chain in CHAINS for a, b in zip(chain, chain[1:])]
+    for i, (a, b) in enumerate(pairs):
+        embed[ids[a], i] = 1.0
+        head[ids[b], i] = 20.0
+    model.model.embed_tokens.weight = embed
+    model.lm_head.weight = head
+    model.model.norm.weight = mx.ones_like(model.model.norm.weight)
+    mx.save_safetensors(
+        str(path / "model.safetensors"), dict(tree_flatten(model.parameters()))
+    )
+    with open(path / "config.json", "w") as f:
+        json.dump(config, f, indent=2)
+    return path
+
+
+def server_args(model):
+    return argparse.Namespace(
+        model=str(model),
+        adapter_path=None,
+        draft_model=None,
+        num_draft_tokens=3,
+        trust_remote_code=False,
+        chat_template="",
+        use_default_chat_template=False,
+        chat_template_args={},
+        pipeline=False,
+        temp=0.0,
+        top_p=1.0,
+        top_k=0,
+        min_p=0.0,
+        max_tokens=64,
+        decode_concurrency=4,
+        prompt_concurrency=2,
+        prefill_step_size=512,
+        prompt_cache_size=4,
+        prompt_cache_bytes=1 << 30,
+        kv_bits=None,
+        kv_group_size=64,
+        quantized_kv_start=0,
+        allowed_origins=["*"],
+    )
+
+
+class TestDeepseekV4ChatServer(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls._tmp = tempfile.TemporaryDirectory()
+        cls.path = make_chain_model_folder(Path(cls._tmp.name) / "model")
+        cls.generator = ResponseGenerator(
+            ModelProvider(server_args(cls.path)), LRUPromptCache()
+        )
+        cls.httpd = http.server.ThreadingHTTPServer(
+            ("127.0.0.1", 0),
+            lambda *args, **kwargs: APIHandler(cls.generator, *args, **kwargs),
+        )
+        cls.url = f"http://127.0.0.1:{cls.httpd.server_port}/v1"
+        cls.thread = threading.Thread(target=cls.httpd.serve_forever, daemon=True)
+        cls.thread.start()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.httpd.shutdown()
+        cls.httpd.server_close()
+        cls.thread.join()
+        cls.generator.stop_and_join()
+        cls._tmp.cleanup()
+
+    def record_prompts(self):
+        """Patch the tokenizer to keep each prompt text it renders."""
+        prompts = []
+        render = TokenizerWrapper.apply_chat_template
+
+        def record(tokenizer, messages, tokenize=True, **kwargs):
+            text = render(tokenizer, messages, tokenize=False, **kwargs)
+            if kwargs.get("add_generation_prompt"):
+                prompts.append(text)
+            return render(tokenizer, messages, tokenize=tokenize, **kwargs)
+
+        return prompts, mock.patch.object(
+            TokenizerWrapper, "apply_chat_template", record
+        )
+
+    def tool_result_turn(self, call):
+        return [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": None, "tool_calls": [call]},
+            {
+                "role": "tool",
+                "tool_call_id": call["id"],
+                "content": [
+                    {"type": "text", "text": "Sunny"},
+                    {"type": "text", "text": "22 C"},
+                ],
+            },
+        ]
+
+    def post(self, body):
+        request = urllib.request.Request(
+            self.url + "/chat/completions",
+            data=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=120) as response:
+            return json.load(response)
+
+    def test_tool_call_and_result_over_http(self):
+        prompts, patch = self.record_prompts()
+        with patch:
+            first = self.post(
+                {
+                    "messages": [{"role": "user", "content": "Weather in Paris?"}],
+                    "tools": TOOLS,
+                    "chat_template_kwargs": {"enable_thinking": False},
+                }
+            )
+            choice = first["choices"][0]
+            self.assertEqual(choice["finish_reason"], "tool_calls")
+            self.assertFalse(choice["message"]["content"])
+            (call,) = choice["message"]["tool_calls"]
+            self.assertEqual(call["function"]["name"], "get_weather")
+            self.assertEqual(json.loads(call["function"]["arguments"]), ARGUMENTS)
+
+            second = self.post(
+                {
+                    "messages": self.tool_result_turn(call),
+                    "tools": TOOLS,
+                    "reasoning_effort": "max",
+                }
+            )
+        message = second["choices"][0]["message"]
+        self.assertEqual(message["reasoning"], "It is sunny in Paris.")
+        self.assertFalse(message.get("tool_calls"))
+        self.assertEqual(prompts, [TURN_1_PROMPT, TURN_2_PROMPT])
+
+    def test_reasoning_effort_reaches_only_templates_that_name_it(self):
+        _, tokenizer = load(str(self.path))
+        seen = []
+
+        def takes_effort(messages, reasoning_effort=None, **kwargs):
+            seen.append(reasoning_effort)
+            return "x"
+
+        def takes_any(messages, **kwargs):
+            # As deepseek_v32's encoder, which rejects unknown arguments.
+            self.assertNotIn("reasoning_effort", kwargs)
+            seen.append(None)
+            return "x"
+
+        messages = [{"role": "user", "content": "Hi"}]
+        request = CompletionRequest("chat", "", messages, None, None)
+        args = argparse.Namespace(chat_template_kwargs={"reasoning_effort": "max"})
+        for template in (takes_effort, takes_any):
+            wrapper = TokenizerWrapper(tokenizer._tokenizer, chat_template=template)
+            self.generator._tokenize(wrapper, request, args)
+        self.assertEqual(seen, ["max", None])
+
+    def test_tool_result_parts_are_joined_by_the_template_that_asks(self):
+        def messages():
+            parts = [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]
+            return [{"role": "tool", "content": parts}]
+
+        kept = messages()
+        process_message_content(kept, keep_tool_parts=True)
+        self.assertEqual(kept, messages())
+        joined = messages()
+        process_message_content(joined)
+        self.assertEqual(joined[0]["content"], "ab")
+
+    @unittest.skipUnless(HAS_OPENAI, "the openai package is not installed")
+    def test_tool_call_and_result_with_the_openai_client(self):
+        from openai import OpenAI
+
+        client = OpenAI(base_url=self.url, api_key="none")
+        ask = {"role": "user", "content": "Weather in Paris?"}
+        prompts, patch = self.record_prompts()
+        with patch:
+            for stream in (False, True):
+                with self.subTest(stream=stream):
+                    response = client.chat.completions.create(
+                        model="default_model",
+                        messages=[ask],
+                        tools=TOOLS,
+                        stream=stream,
+                        extra_body={"chat_template_kwargs": {"enable_thinking": False}},
+                    )
+                    if stream:
+                        calls, content, finish = {}, "", None
+                        for chunk in response:
+                            delta = chunk.choices[0].delta
+                            content += delta.content or ""
+                            for c in delta.tool_calls or []:
+                                calls[c.index] = c
+                            finish = chunk.choices[0].finish_reason or finish
+                        calls = [calls[i] for i in sorted(calls)]
+                    else:
+                        choice = response.choices[0]
+                        calls = choice.message.tool_calls
+                        content = choice.message.content
+                        finish = choice.finish_reason
+                    self.assertEqual(finish, "tool_calls")
+                    self.assertFalse(content)
+                    (call,) = calls
+                    self.assertEqual(call.function.name, "get_weather")
+                    self.assertEqual(json.loads(call.function.arguments), ARGUMENTS)
+
+            call = {
+                "id": call.id,
+                "type": "function",
+                "function": {
+                    "name": call.function.name,
+                    "arguments": call.function.arguments,
+                },
+            }
+            response = client.chat.completions.create(
+                model="default_model",
+                messages=self.tool_result_turn(call),
+                tools=TOOLS,
+                reasoning_effort="max",
+            )
+        message = response.choices[0].message
+        self.assertEqual(message.reasoning, "It is sunny in Paris.")
+        self.assertFalse(message.tool_calls)
+        self.assertEqual(prompts, [TURN_1_PROMPT, TURN_1_PROMPT, TURN_2_PROMPT])
+
+
+if __name__ == "__main__":
+    unittest.main()
