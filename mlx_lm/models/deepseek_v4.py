@@ -265,7 +265,7 @@ class Indexer(nn.Module):
         scores = mx.where(mx.arange(keys.shape[1]) < visible[:, None], scores, -mx.inf)
         k = min(self.index_topk, keys.shape[1])
         chosen = mx.argpartition(-scores, k - 1, axis=-1)[..., :k].astype(mx.int32)
-        return mx.where(chosen < visible[:, None], chosen, -1)
+        return mx.stop_gradient(mx.where(chosen < visible[:, None], chosen, -1))
 
 
 class Attention(nn.Module):
@@ -404,6 +404,7 @@ class Gate(nn.Module):
         if hashed:
             # Hash layers pick experts by token id.
             self.tid2eid = mx.zeros((args.vocab_size, self.top_k), dtype=mx.int32)
+            self.freeze(recurse=False, keys="tid2eid")
         else:
             self.e_score_correction_bias = mx.zeros(
                 (args.n_routed_experts,), dtype=mx.float32
@@ -418,9 +419,17 @@ class Gate(nn.Module):
             # The bias only selects the experts.
             biased = scores + self.e_score_correction_bias
             inds = mx.argpartition(-biased, self.top_k - 1, axis=-1)[..., : self.top_k]
+        inds = mx.stop_gradient(inds)
         weights = mx.take_along_axis(scores, inds, axis=-1)
         weights = weights / (mx.sum(weights, axis=-1, keepdims=True) + 1e-20)
         return inds, weights * self.scale
+
+
+def _freeze_hash_tables(module: nn.Module) -> None:
+    # The hash layers' expert tables are integer lookups, never trained.
+    for m in module.modules():
+        if isinstance(m, Gate) and "tid2eid" in m:
+            m.freeze(recurse=False, keys="tid2eid")
 
 
 class MoE(nn.Module):
@@ -457,6 +466,11 @@ class DecoderLayer(nn.Module):
         self.ffn_norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.attn_hc = HyperConnection(args)
         self.ffn_hc = HyperConnection(args)
+
+    def unfreeze(self, **kwargs) -> nn.Module:
+        super().unfreeze(**kwargs)
+        _freeze_hash_tables(self)
+        return self
 
     def __call__(
         self,
@@ -659,6 +673,11 @@ class Model(nn.Module):
     @property
     def layers(self):
         return self.model.layers
+
+    def unfreeze(self, **kwargs) -> nn.Module:
+        super().unfreeze(**kwargs)
+        _freeze_hash_tables(self)
+        return self
 
     def make_cache(self) -> List[WindowCompressorCache]:
         caches = []
