@@ -693,34 +693,40 @@ class Model(nn.Module):
         return caches
 
     def shard(self, group: Optional[mx.distributed.Group] = None) -> None:
+        """Split attention heads, by whole output groups, and the hidden units
+        of every expert over the ranks of group."""
         group = group or mx.distributed.init()
-        size, rank = group.size(), group.rank()
+        n = group.size()
         fields = ("num_attention_heads", "o_groups", "moe_intermediate_size")
-        values = {f: getattr(self.args, f) for f in fields}
-        bad = [f"`{f}` {v}" for f, v in values.items() if v % size]
+        sizes = {f: getattr(self.args, f) for f in fields}
+        bad = [f"`{f}` {v}" for f, v in sizes.items() if v % n]
         if bad:
             raise ValueError(
-                f"Cannot shard DeepSeek-V4 over {size} ranks: {size} does not "
-                f"divide {', '.join(bad)}."
+                f"Cannot shard DeepSeek-V4 over {n} ranks: {n} does not divide "
+                f"{', '.join(bad)}."
             )
-        for layer in self.layers:
-            # Each rank keeps whole output groups, so their heads, and sums wo_b.
-            attn = layer.attn
-            attn.wq_b = shard_linear(attn.wq_b, "all-to-sharded", group=group)
-            shard_inplace(attn.wo_a, lambda path, weight: 0, group=group)
-            attn.wo_b = shard_linear(attn.wo_b, "sharded-to-all", group=group)
-            attn.n_heads //= size
-            attn.o_groups //= size
-            attn._group_ids = mx.arange(attn.o_groups)[None]
-            heads = slice(rank * attn.n_heads, (rank + 1) * attn.n_heads)
-            attn.attn_sink = attn.attn_sink[heads]
 
-            # Every expert keeps a slice of its hidden units; the MoE sums.
+        # The axis of each parameter that ranks split: wo_a's groups and the
+        # sinks of their heads; the experts' hidden units.
+        attn_axes = {"wo_a": 0, "attn_sink": 0}
+        ffn_axes = {"gate_proj": -2, "up_proj": -2, "down_proj": -1}
+
+        def split_axis(path, weight):
+            parts = path.split(".")
+            if parts[0] == "attn":
+                return attn_axes.get(parts[1])
+            return ffn_axes.get(parts[-2]) if parts[0] == "ffn" else None
+
+        for layer in self.layers:
+            attn = layer.attn
+            # The projections into and out of the heads communicate.
+            attn.wq_b = shard_linear(attn.wq_b, "all-to-sharded", group=group)
+            attn.wo_b = shard_linear(attn.wo_b, "sharded-to-all", group=group)
+            shard_inplace(layer, split_axis, group=group)
+            attn.n_heads //= n
+            attn.o_groups //= n
+            attn._group_ids = mx.arange(attn.o_groups)[None]
             layer.ffn.sharding_group = group
-            for mlp in (layer.ffn.switch_mlp, layer.ffn.shared_experts):
-                shard_inplace(mlp.gate_proj, "all-to-sharded", group=group)
-                shard_inplace(mlp.up_proj, "all-to-sharded", group=group)
-                shard_inplace(mlp.down_proj, "sharded-to-all", group=group)
 
     def sanitize(self, weights: Dict[str, mx.array]) -> Dict[str, mx.array]:
         """Map every known checkpoint layout onto this model's names.
