@@ -1,11 +1,13 @@
 # Copyright © 2026 Apple Inc.
 
+import dataclasses
 import importlib.util
 import json
 import math
 import tempfile
 import unittest
 from pathlib import Path
+from typing import Optional
 
 import mlx.core as mx
 import mlx.optimizers as opt
@@ -176,6 +178,54 @@ class TestDeepseekV4Config(unittest.TestCase):
         config = {k: v for k, v in TINY_CONFIG.items() if k != "layer_types"}
         with self.assertRaisesRegex(ValueError, "compress_ratios"):
             deepseek_v4.ModelArgs.from_dict(config)
+
+    def test_number_fields_of_wrong_type_or_range_name_the_field(self):
+        for field in dataclasses.fields(deepseek_v4.ModelArgs):
+            if field.type in (int, Optional[int]):
+                bad = ["abc", 2.5, True, 0 if field.name != "qk_rope_head_dim" else -1]
+            elif field.type in (float, Optional[float]):
+                bad = ["abc", None, float("nan"), -1.0]
+            else:
+                continue
+            if field.name in ("n_shared_experts", "num_hash_layers"):
+                bad[-1] = -1
+            if field.default is None:
+                bad = [b for b in bad if b is not None]
+            for value in bad:
+                with self.subTest(field=field.name, value=value):
+                    config = {**TINY_CONFIG, field.name: value}
+                    with self.assertRaises(ValueError) as e:
+                        deepseek_v4.ModelArgs.from_dict(config)
+                    problems = [p.strip() for p in str(e.exception).splitlines()[1:]]
+                    self.assertEqual(len(problems), 1)
+                    self.assertTrue(problems[0].startswith(f"`{field.name}` "))
+
+    def test_clear_errors_for_common_mistakes(self):
+        for field, value, message in (
+            ("hidden_size", "abc", "`hidden_size` 'abc' is not an integer"),
+            ("num_hidden_layers", 0, "`num_hidden_layers` 0 must be 1 or more"),
+            ("rms_norm_eps", 0, "`rms_norm_eps` 0 must be a positive number"),
+        ):
+            with self.subTest(field=field):
+                with self.assertRaises(ValueError) as e:
+                    deepseek_v4.ModelArgs.from_dict({**TINY_CONFIG, field: value})
+                self.assertEqual(
+                    str(e.exception), f"Invalid DeepSeek-V4 config:\n  {message}"
+                )
+
+    def test_compress_ratios_and_layer_types_must_agree(self):
+        # DeepSeek's list may carry one more entry, for the MTP block.
+        agreeing = {**TINY_CONFIG, "compress_ratios": [0, 4, 16, 4, 0]}
+        args = deepseek_v4.ModelArgs.from_dict(agreeing)
+        self.assertEqual(args.layer_types, TINY_CONFIG["layer_types"])
+        for ratios, layer in (([0, 4, 4, 4], 2), ([0, 4, 128, 4], 2), ([4] * 4, 0)):
+            with self.subTest(ratios=ratios):
+                config = {**TINY_CONFIG, "compress_ratios": ratios}
+                with self.assertRaisesRegex(
+                    ValueError,
+                    f"`compress_ratios` and `layer_types` disagree on layer {layer}",
+                ):
+                    deepseek_v4.ModelArgs.from_dict(config)
 
 
 class TestDeepseekV4(unittest.TestCase):

@@ -1,7 +1,8 @@
 # Copyright © 2026 Apple Inc.
 
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable, Dict, List, Optional
 
 import mlx.core as mx
@@ -82,36 +83,40 @@ class ModelArgs(BaseModelArgs):
     quantization_config: Optional[Dict[str, Any]] = None
 
     def __post_init__(self):
+        _check_numbers(self)
         _check_quantization(self)
         n = self.num_hidden_layers
         rates = {CSA: 4, HCA: 128}
+        if self.compress_ratios is not None:
+            # DeepSeek's code overlaps (and indexes) ratio 4 only; any other
+            # ratio is heavily compressed. The list may end with the MTP layer.
+            ratios = list(self.compress_ratios)[:n]
+            if len(ratios) < n or any(
+                not isinstance(r, int) or isinstance(r, bool) or r < 0 for r in ratios
+            ):
+                raise ValueError(
+                    f"`compress_ratios` needs {n} integer ratios of 0 or more, "
+                    f"not {self.compress_ratios}."
+                )
+            hca = {r for r in ratios if r and r != 4}
+            if len(hca) > 1:
+                raise ValueError(
+                    f"`compress_ratios` has several HCA ratios {sorted(hca)}."
+                )
+            ratio_rates = {CSA: 4, HCA: hca.pop() if hca else rates[HCA]}
+            ratio_types = [SLIDING if not r else CSA if r == 4 else HCA for r in ratios]
         if self.layer_types is None:
             if self.compress_ratios is None:
                 raise ValueError(
                     "The config needs `layer_types` or `compress_ratios` for "
                     "DeepSeek-V4."
                 )
-            # DeepSeek's code overlaps (and indexes) ratio 4 only; any other
-            # ratio is heavily compressed. The list may end with the MTP layer.
-            ratios = list(self.compress_ratios)
-            if len(ratios) < n or any(int(r) < 0 for r in ratios[:n]):
-                raise ValueError(
-                    f"`compress_ratios` needs {n} ratios of 0 or more, "
-                    f"not {ratios}."
-                )
-            hca = {int(r) for r in ratios[:n] if r and r != 4}
-            if len(hca) > 1:
-                raise ValueError(
-                    f"`compress_ratios` has several HCA ratios {sorted(hca)}."
-                )
-            rates[HCA] = hca.pop() if hca else rates[HCA]
-            self.layer_types = [
-                SLIDING if not r else CSA if r == 4 else HCA for r in ratios[:n]
-            ]
+            rates, self.layer_types = ratio_rates, ratio_types
         else:
             rates.update(self.compress_rates or {})
         if set(rates) != {CSA, HCA} or any(
-            not isinstance(r, int) or r < 1 for r in rates.values()
+            not isinstance(r, int) or isinstance(r, bool) or r < 1
+            for r in rates.values()
         ):
             raise ValueError(
                 f"`compress_rates` needs positive integer rates for {CSA} and "
@@ -132,6 +137,16 @@ class ModelArgs(BaseModelArgs):
                     f"{getattr(self, name)}."
                 )
             setattr(self, name, types)
+        if self.compress_ratios is not None:
+            # Both schemas given: they must describe the same layers.
+            for i, (kind, r) in enumerate(zip(self.layer_types, ratios)):
+                rate = 0 if kind == SLIDING else rates[kind]
+                if kind != ratio_types[i] or rate != r:
+                    raise ValueError(
+                        f"`compress_ratios` and `layer_types` disagree on layer "
+                        f"{i}: ratio {r} is {ratio_types[i]}, but `layer_types` "
+                        f"says {kind} (rate {rate}, from `compress_rates`)."
+                    )
         if self.scoring_func != "sqrtsoftplus":
             raise ValueError(
                 f"`scoring_func` {self.scoring_func!r} is not supported: "
@@ -144,6 +159,25 @@ class ModelArgs(BaseModelArgs):
         if self.qk_rope_head_dim is None:
             factor = self.partial_rotary_factor or 64 / 512
             self.qk_rope_head_dim = int(self.head_dim * factor)
+        for problem, message in (
+            (
+                self.qk_rope_head_dim > self.head_dim or self.qk_rope_head_dim % 2,
+                f"`qk_rope_head_dim` {self.qk_rope_head_dim} must be even and at "
+                f"most `head_dim` {self.head_dim}",
+            ),
+            (
+                self.num_experts_per_tok > self.n_routed_experts,
+                f"`num_experts_per_tok` {self.num_experts_per_tok} is more than "
+                f"`n_routed_experts` {self.n_routed_experts}",
+            ),
+            (
+                self.num_attention_heads % self.o_groups,
+                f"`o_groups` {self.o_groups} does not divide "
+                f"`num_attention_heads` {self.num_attention_heads}",
+            ),
+        ):
+            if problem:
+                raise ValueError(f"Invalid DeepSeek-V4 config: {message}.")
         params = self.rope_parameters or {}
         if isinstance(params.get("compress"), dict):
             self.rope_theta = params["main"].get("rope_theta", self.rope_theta)
@@ -155,6 +189,44 @@ class ModelArgs(BaseModelArgs):
         if scaling.get("rope_type", scaling.get("type")) != "yarn":
             scaling = None
         self.rope_scaling = scaling
+
+
+# The smallest value of the number fields that may be below 1 (any other
+# integer is at least 1, any other float above 0).
+_MINIMUMS = {
+    "qk_rope_head_dim": 0,
+    "n_shared_experts": 0,
+    "num_hash_layers": 0,
+    "swiglu_limit": 0,
+}
+
+
+def _check_numbers(args: ModelArgs) -> None:
+    """Raise one error naming every int or float field of the wrong type or
+    out of range."""
+    problems = []
+    for field in fields(args):
+        if field.type in (int, Optional[int]):
+            kind, what = int, "an integer"
+        elif field.type in (float, Optional[float]):
+            kind, what = (int, float), "a number"
+        else:
+            continue
+        value = getattr(args, field.name)
+        if value is None and field.default is None:
+            continue
+        if not isinstance(value, kind) or isinstance(value, bool):
+            problems.append(f"`{field.name}` {value!r} is not {what}")
+            continue
+        low = _MINIMUMS.get(field.name)
+        if low is not None and not value >= low:
+            problems.append(f"`{field.name}` {value} must be {low} or more")
+        elif low is None and kind is int and value < 1:
+            problems.append(f"`{field.name}` {value} must be 1 or more")
+        elif low is None and not (0 < value < math.inf):
+            problems.append(f"`{field.name}` {value} must be a positive number")
+    if problems:
+        raise ValueError("Invalid DeepSeek-V4 config:\n  " + "\n  ".join(problems))
 
 
 def _make_rope(args: ModelArgs, compressed: bool) -> YarnRoPE:
