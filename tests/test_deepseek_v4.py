@@ -6,11 +6,13 @@ import json
 import math
 import tempfile
 import unittest
+import zlib
 import warnings
 from pathlib import Path
 from typing import Optional
 
 import mlx.core as mx
+import numpy as np
 import mlx.optimizers as opt
 from mlx.utils import tree_flatten, tree_unflatten
 
@@ -135,6 +137,102 @@ def make_tiny_model_folder(path, config=None, seed=0):
 
 def max_diff(a, b):
     return mx.abs(a.astype(mx.float32) - b.astype(mx.float32)).max().item()
+
+
+# Recorded from transformers' DeepseekV4ForCausalLM (CPU torch, float32) on
+# the weights of seeded_model() and the tokens of seeded_tokens(); see
+# transformers_logits and TestDeepseekV4Transformers, which recomputes them.
+# (Seed 0 puts a top-k pick on a near tie that float rounding decides.)
+RECORDED_SEED = 1
+RECORDED_POSITIONS = (0, 31, 32, 100, 200, 319)
+RECORDED_LOGITS = (
+    (-0.28736222, 0.028773338, -0.018358096, -0.711353, 2.5768335, 0.50235087),
+    (2.0119197, 1.4937081, 0.36236233, -1.2104663, 3.3493612, 0.30717605),
+    (2.3435755, 1.602152, 1.6708801, -2.2809861, 1.2720251, -0.036039472),
+    (1.9435325, 1.5208817, 1.170927, -1.0333233, 1.8676848, -0.85795557),
+    (0.71896315, 1.7371917, -0.89628816, 0.13029316, 0.41813365, 0.19270416),
+    (-1.4696004, 0.94257987, 0.93110353, -0.13839662, 1.7942266, -1.1963558),
+)
+RECORDED_SUMMARY = (-1530.14908303, 131955.265269, 55.1366312333)
+
+
+def seeded_model(config=None, seed=RECORDED_SEED):
+    """A tiny model whose weights depend only on the seed and each weight's
+    checkpoint name, not on the order of the parameters."""
+    model = deepseek_v4.Model(deepseek_v4.ModelArgs.from_dict(config or TINY_CONFIG))
+    args = model.args
+
+    def init(path, p):
+        key = mx.random.key(zlib.crc32(f"{seed}:{path}".encode()))
+        if path.endswith("tid2eid"):
+            return mx.random.randint(0, args.n_routed_experts, p.shape, key=key)
+        scale = 0.1 if "norm" in path else 0.2
+        offset = 1.0 if "norm" in path else 0.0
+        return offset + scale * mx.random.normal(p.shape, key=key)
+
+    flat = [
+        (k, init(k, v).astype(v.dtype)) for k, v in tree_flatten(model.parameters())
+    ]
+    model.update(tree_unflatten(flat))
+    mx.eval(model.parameters())
+    return model
+
+
+def seeded_tokens(n=320, seed=1):
+    return mx.random.randint(
+        0, TINY_CONFIG["vocab_size"], (1, n), key=mx.random.key(seed)
+    )
+
+
+def logits_summary(logits):
+    """The recorded logits, and sums over all of them that a change anywhere
+    moves: the total, the squares and a cosine-weighted sum (in float64)."""
+    x = np.array(logits[0].astype(mx.float32), dtype=np.float64)
+    sample = x[list(RECORDED_POSITIONS), :6]
+    n, v = x.shape
+    phase = np.arange(n)[:, None] * 0.11 + np.arange(v)[None] * 0.37
+    return sample, np.array([x.sum(), (x * x).sum(), (x * np.cos(phase)).sum()])
+
+
+def transformers_logits(model, tokens, config=None):
+    """Logits of transformers' DeepseekV4ForCausalLM with the weights of the
+    MLX model: each element of the reference's checkpoint is tagged with its
+    index, the tags go through the MLX loader, and the MLX values are put
+    back where the tags show they come from."""
+    import torch
+    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+
+    from mlx_lm.utils import load_model
+
+    config = {k: v for k, v in (config or TINY_CONFIG).items() if k != "model_type"}
+    reference = DeepseekV4ForCausalLM(DeepseekV4Config(**config)).float().eval()
+    state = reference.state_dict()
+    starts, total = {}, 1
+    with torch.no_grad():
+        for name, t in state.items():
+            starts[name] = total
+            tags = torch.arange(total, total + t.numel()).reshape(t.shape)
+            t.copy_(tags.to(t.dtype))
+            total += t.numel()
+        with tempfile.TemporaryDirectory() as tmp:
+            reference.save_pretrained(tmp)
+            tagged, _ = load_model(Path(tmp))
+        values = np.zeros(total, dtype=np.float64)
+        covered = np.zeros(total, dtype=bool)
+        mlx_weights = dict(tree_flatten(model.parameters()))
+        for name, tags in tree_flatten(tagged.parameters()):
+            ids = np.array(tags.astype(mx.int64)).ravel()
+            values[ids] = np.array(mlx_weights[name].astype(mx.float32)).ravel()
+            covered[ids] = True
+        for name, t in state.items():
+            start = starts[name]
+            if not covered[start : start + t.numel()].all():
+                raise AssertionError(f"{name} is not loaded by the MLX model")
+            v = values[start : start + t.numel()].reshape(tuple(t.shape))
+            t.copy_(torch.from_numpy(v).to(t.dtype))
+        inputs = torch.from_numpy(np.array(tokens).astype(np.int64))
+        logits = reference(inputs, use_cache=False).logits
+    return mx.array(logits.numpy())
 
 
 class TestDeepseekV4Config(unittest.TestCase):
@@ -337,6 +435,40 @@ class TestDeepseekV4(unittest.TestCase):
         self.assertIsInstance(cache[0].window, SharedWindowCache)
 
 
+class TestDeepseekV4Numerics(unittest.TestCase):
+
+    def assertMatchesRecord(self, logits):
+        sample, summary = logits_summary(logits)
+        np.testing.assert_allclose(sample, RECORDED_LOGITS, rtol=0, atol=1e-4)
+        np.testing.assert_allclose(summary, RECORDED_SUMMARY, rtol=0, atol=0.05)
+
+    def test_logits_match_the_recorded_transformers_logits(self):
+        model = seeded_model()
+        tokens = seeded_tokens()
+        self.assertMatchesRecord(model(tokens))
+        # The same through the cache, one token at a time after a prefill.
+        cache = model.make_cache()
+        outs = [model(tokens[:, :250], cache)]
+        for i in range(250, tokens.shape[1]):
+            outs.append(model(tokens[:, i : i + 1], cache))
+        self.assertMatchesRecord(mx.concatenate(outs, axis=1))
+
+    def test_sliding_window_keeps_one_row_less_than_the_window(self):
+        # The next token's window reaches back window - 1 rows.
+        model = make_tiny_model()
+        args = model.args
+        self.assertEqual(args.layer_types[0], "sliding_attention")
+        row = args.head_dim * mx.float32.size
+        cache = model.make_cache()
+        mx.eval(model(mx.zeros((1, 10), dtype=mx.int32), cache))
+        self.assertEqual(cache[0].nbytes, 10 * row)
+        mx.eval(model(mx.zeros((1, 100), dtype=mx.int32), cache))
+        self.assertEqual(cache[0].nbytes, (args.sliding_window - 1) * row)
+        for _ in range(3):
+            mx.eval(model(mx.zeros((1, 1), dtype=mx.int32), cache))
+            self.assertEqual(cache[0].nbytes, (args.sliding_window - 1) * row)
+
+
 class TestDeepseekV4GenerationOptions(unittest.TestCase):
 
     def test_max_kv_size_warns_that_it_does_not_apply(self):
@@ -473,6 +605,13 @@ def transformers_model(config, seed):
 
 @unittest.skipUnless(HAS_TORCH, "torch and transformers are needed")
 class TestDeepseekV4Transformers(unittest.TestCase):
+
+    def test_recorded_logits_are_transformers_logits(self):
+        model = seeded_model()
+        logits = transformers_logits(model, seeded_tokens())
+        sample, summary = logits_summary(logits)
+        np.testing.assert_allclose(sample, RECORDED_LOGITS, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(summary, RECORDED_SUMMARY, rtol=0, atol=0.01)
 
     def test_logits_match_transformers(self):
         import torch
