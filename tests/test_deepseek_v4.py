@@ -6,14 +6,14 @@ import json
 import math
 import tempfile
 import unittest
-import zlib
 import warnings
+import zlib
 from pathlib import Path
 from typing import Optional
 
 import mlx.core as mx
-import numpy as np
 import mlx.optimizers as opt
+import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from mlx_lm import tuner
@@ -200,9 +200,8 @@ def transformers_logits(model, tokens, config=None):
     index, the tags go through the MLX loader, and the MLX values are put
     back where the tags show they come from."""
     import torch
-    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
-
     from mlx_lm.utils import load_model
+    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
 
     config = {k: v for k, v in (config or TINY_CONFIG).items() if k != "model_type"}
     reference = DeepseekV4ForCausalLM(DeepseekV4Config(**config)).float().eval()
@@ -492,6 +491,7 @@ class TestDeepseekV4GenerationOptions(unittest.TestCase):
 
     def test_kv_bits_still_quantizes_a_kv_cache(self):
         from mlx_lm.generate import generate_step
+
         from mlx_lm.models import llama
         from mlx_lm.models.cache import QuantizedKVCache
 

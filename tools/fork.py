@@ -437,14 +437,24 @@ def lint(python=sys.executable):
         tree = stage(tmp)
         files = [str(f) for f in lint_files(tree)]
         config = str(fetch_upstream() / "pyproject.toml")
+        # In upstream's tree all of mlx_lm is first party; here only the
+        # fork's part of it is found in the checkout.
+        isort = ["-m", "isort", "--check-only", "--profile", "black", "--quiet"]
+        upstream_tests = [f for f in files if f.startswith(str(tree / "tests"))]
         failed = False
-        for cmd in (
-            ["-m", "black", "--check", "--quiet"],
-            ["-m", "isort", "--check-only", "--profile", "black", "--quiet"],
-            ["-m", "ruff", "check", "--quiet", "--config", config],
-            ["-m", "ruff", "check", "--quiet", "--preview", "--config", config],
+        for cmd, paths in (
+            (["-m", "black", "--check"], files),
+            (isort, [f for f in files if f not in upstream_tests]),
+            (isort + ["-p", "mlx_lm"], upstream_tests),
+            (["-m", "ruff", "check", "--quiet", "--config", config], files),
+            (
+                ["-m", "ruff", "check", "--quiet", "--preview", "--config", config],
+                files,
+            ),
         ):
-            r = subprocess.run([python, *cmd, *files], capture_output=True, text=True)
+            if not paths:
+                continue
+            r = subprocess.run([python, *cmd, *paths], capture_output=True, text=True)
             if r.returncode != 0:
                 failed = True
                 print(" ".join(cmd[1:3]), "failed:")
