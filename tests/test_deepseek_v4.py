@@ -311,6 +311,17 @@ class TestDeepseekV4Config(unittest.TestCase):
                     str(e.exception), f"Invalid DeepSeek-V4 config:\n  {message}"
                 )
 
+    def test_fields_that_do_not_fit_together_are_named(self):
+        for overrides, message in (
+            ({"qk_rope_head_dim": 34}, "`qk_rope_head_dim` 34 must be even and"),
+            ({"qk_rope_head_dim": 7}, "`qk_rope_head_dim` 7 must be even and"),
+            ({"num_experts_per_tok": 9}, "`num_experts_per_tok` 9 is more than"),
+            ({"o_groups": 3}, "`o_groups` 3 does not divide"),
+        ):
+            with self.subTest(**overrides):
+                with self.assertRaisesRegex(ValueError, message):
+                    deepseek_v4.ModelArgs.from_dict({**TINY_CONFIG, **overrides})
+
     def test_compress_ratios_and_layer_types_must_agree(self):
         # DeepSeek's list may carry one more entry, for the MTP block.
         agreeing = {**TINY_CONFIG, "compress_ratios": [0, 4, 16, 4, 0]}
