@@ -1,15 +1,22 @@
 # Copyright © 2026 Apple Inc.
 
-import copy
+import dataclasses
 import importlib.util
 import json
+import math
 import tempfile
 import unittest
+import warnings
+import zlib
 from pathlib import Path
+from typing import Optional
 
 import mlx.core as mx
-from mlx.utils import tree_flatten, tree_map, tree_unflatten
+import mlx.optimizers as opt
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
 
+from mlx_lm import tuner
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
     CompressorCache,
@@ -132,6 +139,101 @@ def max_diff(a, b):
     return mx.abs(a.astype(mx.float32) - b.astype(mx.float32)).max().item()
 
 
+# Recorded from transformers' DeepseekV4ForCausalLM (CPU torch, float32) on
+# the weights of seeded_model() and the tokens of seeded_tokens(); see
+# transformers_logits and TestDeepseekV4Transformers, which recomputes them.
+# (Seed 0 puts a top-k pick on a near tie that float rounding decides.)
+RECORDED_SEED = 1
+RECORDED_POSITIONS = (0, 31, 32, 100, 200, 319)
+RECORDED_LOGITS = (
+    (-0.28736222, 0.028773338, -0.018358096, -0.711353, 2.5768335, 0.50235087),
+    (2.0119197, 1.4937081, 0.36236233, -1.2104663, 3.3493612, 0.30717605),
+    (2.3435755, 1.602152, 1.6708801, -2.2809861, 1.2720251, -0.036039472),
+    (1.9435325, 1.5208817, 1.170927, -1.0333233, 1.8676848, -0.85795557),
+    (0.71896315, 1.7371917, -0.89628816, 0.13029316, 0.41813365, 0.19270416),
+    (-1.4696004, 0.94257987, 0.93110353, -0.13839662, 1.7942266, -1.1963558),
+)
+RECORDED_SUMMARY = (-1530.14908303, 131955.265269, 55.1366312333)
+
+
+def seeded_model(config=None, seed=RECORDED_SEED):
+    """A tiny model whose weights depend only on the seed and each weight's
+    checkpoint name, not on the order of the parameters."""
+    model = deepseek_v4.Model(deepseek_v4.ModelArgs.from_dict(config or TINY_CONFIG))
+    args = model.args
+
+    def init(path, p):
+        key = mx.random.key(zlib.crc32(f"{seed}:{path}".encode()))
+        if path.endswith("tid2eid"):
+            return mx.random.randint(0, args.n_routed_experts, p.shape, key=key)
+        scale = 0.1 if "norm" in path else 0.2
+        offset = 1.0 if "norm" in path else 0.0
+        return offset + scale * mx.random.normal(p.shape, key=key)
+
+    flat = [
+        (k, init(k, v).astype(v.dtype)) for k, v in tree_flatten(model.parameters())
+    ]
+    model.update(tree_unflatten(flat))
+    mx.eval(model.parameters())
+    return model
+
+
+def seeded_tokens(n=320, seed=1):
+    return mx.random.randint(
+        0, TINY_CONFIG["vocab_size"], (1, n), key=mx.random.key(seed)
+    )
+
+
+def logits_summary(logits):
+    """The recorded logits, and sums over all of them that a change anywhere
+    moves: the total, the squares and a cosine-weighted sum (in float64)."""
+    x = np.array(logits[0].astype(mx.float32), dtype=np.float64)
+    sample = x[list(RECORDED_POSITIONS), :6]
+    n, v = x.shape
+    phase = np.arange(n)[:, None] * 0.11 + np.arange(v)[None] * 0.37
+    return sample, np.array([x.sum(), (x * x).sum(), (x * np.cos(phase)).sum()])
+
+
+def transformers_logits(model, tokens, config=None):
+    """Logits of transformers' DeepseekV4ForCausalLM with the weights of the
+    MLX model: each element of the reference's checkpoint is tagged with its
+    index, the tags go through the MLX loader, and the MLX values are put
+    back where the tags show they come from."""
+    import torch
+    from mlx_lm.utils import load_model
+    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+
+    config = {k: v for k, v in (config or TINY_CONFIG).items() if k != "model_type"}
+    reference = DeepseekV4ForCausalLM(DeepseekV4Config(**config)).float().eval()
+    state = reference.state_dict()
+    starts, total = {}, 1
+    with torch.no_grad():
+        for name, t in state.items():
+            starts[name] = total
+            tags = torch.arange(total, total + t.numel()).reshape(t.shape)
+            t.copy_(tags.to(t.dtype))
+            total += t.numel()
+        with tempfile.TemporaryDirectory() as tmp:
+            reference.save_pretrained(tmp)
+            tagged, _ = load_model(Path(tmp))
+        values = np.zeros(total, dtype=np.float64)
+        covered = np.zeros(total, dtype=bool)
+        mlx_weights = dict(tree_flatten(model.parameters()))
+        for name, tags in tree_flatten(tagged.parameters()):
+            ids = np.array(tags.astype(mx.int64)).ravel()
+            values[ids] = np.array(mlx_weights[name].astype(mx.float32)).ravel()
+            covered[ids] = True
+        for name, t in state.items():
+            start = starts[name]
+            if not covered[start : start + t.numel()].all():
+                raise AssertionError(f"{name} is not loaded by the MLX model")
+            v = values[start : start + t.numel()].reshape(tuple(t.shape))
+            t.copy_(torch.from_numpy(v).to(t.dtype))
+        inputs = torch.from_numpy(np.array(tokens).astype(np.int64))
+        logits = reference(inputs, use_cache=False).logits
+    return mx.array(logits.numpy())
+
+
 class TestDeepseekV4Config(unittest.TestCase):
 
     def test_both_config_schemas_give_the_same_layers(self):
@@ -175,40 +277,67 @@ class TestDeepseekV4Config(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "compress_ratios"):
             deepseek_v4.ModelArgs.from_dict(config)
 
+    def test_number_fields_of_wrong_type_or_range_name_the_field(self):
+        for field in dataclasses.fields(deepseek_v4.ModelArgs):
+            if field.type in (int, Optional[int]):
+                bad = ["abc", 2.5, True, 0 if field.name != "qk_rope_head_dim" else -1]
+            elif field.type in (float, Optional[float]):
+                bad = ["abc", None, float("nan"), -1.0]
+            else:
+                continue
+            if field.name in ("n_shared_experts", "num_hash_layers"):
+                bad[-1] = -1
+            if field.default is None:
+                bad = [b for b in bad if b is not None]
+            for value in bad:
+                with self.subTest(field=field.name, value=value):
+                    config = {**TINY_CONFIG, field.name: value}
+                    with self.assertRaises(ValueError) as e:
+                        deepseek_v4.ModelArgs.from_dict(config)
+                    problems = [p.strip() for p in str(e.exception).splitlines()[1:]]
+                    self.assertEqual(len(problems), 1)
+                    self.assertTrue(problems[0].startswith(f"`{field.name}` "))
+
+    def test_clear_errors_for_common_mistakes(self):
+        for field, value, message in (
+            ("hidden_size", "abc", "`hidden_size` 'abc' is not an integer"),
+            ("num_hidden_layers", 0, "`num_hidden_layers` 0 must be 1 or more"),
+            ("rms_norm_eps", 0, "`rms_norm_eps` 0 must be a positive number"),
+        ):
+            with self.subTest(field=field):
+                with self.assertRaises(ValueError) as e:
+                    deepseek_v4.ModelArgs.from_dict({**TINY_CONFIG, field: value})
+                self.assertEqual(
+                    str(e.exception), f"Invalid DeepSeek-V4 config:\n  {message}"
+                )
+
+    def test_fields_that_do_not_fit_together_are_named(self):
+        for overrides, message in (
+            ({"qk_rope_head_dim": 34}, "`qk_rope_head_dim` 34 must be even and"),
+            ({"qk_rope_head_dim": 7}, "`qk_rope_head_dim` 7 must be even and"),
+            ({"num_experts_per_tok": 9}, "`num_experts_per_tok` 9 is more than"),
+            ({"o_groups": 3}, "`o_groups` 3 does not divide"),
+        ):
+            with self.subTest(**overrides):
+                with self.assertRaisesRegex(ValueError, message):
+                    deepseek_v4.ModelArgs.from_dict({**TINY_CONFIG, **overrides})
+
+    def test_compress_ratios_and_layer_types_must_agree(self):
+        # DeepSeek's list may carry one more entry, for the MTP block.
+        agreeing = {**TINY_CONFIG, "compress_ratios": [0, 4, 16, 4, 0]}
+        args = deepseek_v4.ModelArgs.from_dict(agreeing)
+        self.assertEqual(args.layer_types, TINY_CONFIG["layer_types"])
+        for ratios, layer in (([0, 4, 4, 4], 2), ([0, 4, 128, 4], 2), ([4] * 4, 0)):
+            with self.subTest(ratios=ratios):
+                config = {**TINY_CONFIG, "compress_ratios": ratios}
+                with self.assertRaisesRegex(
+                    ValueError,
+                    f"`compress_ratios` and `layer_types` disagree on layer {layer}",
+                ):
+                    deepseek_v4.ModelArgs.from_dict(config)
+
 
 class TestDeepseekV4(unittest.TestCase):
-
-    def test_model_runner_checks(self):
-        # The checks of the upstream model_test_runner.
-        model = make_tiny_model()
-        args = model.args
-        self.assertEqual(len(model.layers), args.num_hidden_layers)
-        self.assertEqual(model.model_type, "deepseek_v4")
-        for t in [mx.float32, mx.float16]:
-            model.update(
-                tree_map(
-                    lambda p: p.astype(t) if mx.issubdtype(p.dtype, mx.floating) else p,
-                    model.parameters(),
-                )
-            )
-            inputs = mx.array([[0, 1]])
-            outputs = model(inputs)
-            self.assertEqual(outputs.shape, (1, 2, args.vocab_size))
-            self.assertEqual(outputs.dtype, t)
-
-            cache = make_prompt_cache(model)
-            outputs = model(inputs, cache=cache)
-            self.assertEqual(outputs.shape, (1, 2, args.vocab_size))
-            self.assertEqual(outputs.dtype, t)
-
-            outputs = model(mx.argmax(outputs[0, -1:, :], keepdims=True), cache=cache)
-            self.assertEqual(outputs.shape, (1, 1, args.vocab_size))
-            self.assertEqual(outputs.dtype, t)
-
-        inputs = mx.array([[0, 1], [2, 3]])
-        outputs = model(inputs)
-        self.assertEqual(outputs.shape, (2, 2, args.vocab_size))
-        copy.deepcopy(model)
 
     def test_batch_rows_match_single_rows(self):
         model = make_tiny_model()
@@ -316,6 +445,151 @@ class TestDeepseekV4(unittest.TestCase):
         self.assertIsInstance(cache[0].window, SharedWindowCache)
 
 
+class TestDeepseekV4Numerics(unittest.TestCase):
+
+    def assertMatchesRecord(self, logits):
+        sample, summary = logits_summary(logits)
+        np.testing.assert_allclose(sample, RECORDED_LOGITS, rtol=0, atol=1e-4)
+        np.testing.assert_allclose(summary, RECORDED_SUMMARY, rtol=0, atol=0.05)
+
+    def test_logits_match_the_recorded_transformers_logits(self):
+        model = seeded_model()
+        tokens = seeded_tokens()
+        self.assertMatchesRecord(model(tokens))
+        # The same through the cache, one token at a time after a prefill.
+        cache = model.make_cache()
+        outs = [model(tokens[:, :250], cache)]
+        for i in range(250, tokens.shape[1]):
+            outs.append(model(tokens[:, i : i + 1], cache))
+        self.assertMatchesRecord(mx.concatenate(outs, axis=1))
+
+    def test_sliding_window_keeps_one_row_less_than_the_window(self):
+        # The next token's window reaches back window - 1 rows.
+        model = make_tiny_model()
+        args = model.args
+        self.assertEqual(args.layer_types[0], "sliding_attention")
+        row = args.head_dim * mx.float32.size
+        cache = model.make_cache()
+        mx.eval(model(mx.zeros((1, 10), dtype=mx.int32), cache))
+        self.assertEqual(cache[0].nbytes, 10 * row)
+        mx.eval(model(mx.zeros((1, 100), dtype=mx.int32), cache))
+        self.assertEqual(cache[0].nbytes, (args.sliding_window - 1) * row)
+        for _ in range(3):
+            mx.eval(model(mx.zeros((1, 1), dtype=mx.int32), cache))
+            self.assertEqual(cache[0].nbytes, (args.sliding_window - 1) * row)
+
+
+class TestDeepseekV4GenerationOptions(unittest.TestCase):
+
+    def test_max_kv_size_warns_that_it_does_not_apply(self):
+        model = make_tiny_model()
+        with self.assertWarnsRegex(
+            UserWarning, "max_kv_size 64 does not apply to deepseek_v4"
+        ):
+            cache = make_prompt_cache(model, max_kv_size=64)
+        self.assertIsInstance(cache[0], WindowCompressorCache)
+        with warnings.catch_warnings():
+            warnings.simplefilter("error")
+            make_prompt_cache(model)
+
+    def test_kv_bits_is_an_error_naming_the_option(self):
+        from mlx_lm.generate import generate_step
+
+        model = make_tiny_model()
+        steps = generate_step(mx.array([3, 1, 4]), model, kv_bits=4)
+        with self.assertRaisesRegex(ValueError, r"kv_bits \(--kv-bits\) 4"):
+            next(steps)
+
+    def test_kv_bits_still_quantizes_a_kv_cache(self):
+        from mlx_lm.generate import generate_step
+
+        from mlx_lm.models import llama
+        from mlx_lm.models.cache import QuantizedKVCache
+
+        args = llama.ModelArgs(
+            model_type="llama",
+            hidden_size=64,
+            num_hidden_layers=2,
+            intermediate_size=64,
+            num_attention_heads=2,
+            rms_norm_eps=1e-5,
+            vocab_size=100,
+            num_key_value_heads=2,
+        )
+        model = llama.Model(args)
+        cache = make_prompt_cache(model)
+        steps = generate_step(
+            mx.array([3, 1, 4]),
+            model,
+            prompt_cache=cache,
+            kv_bits=4,
+            kv_group_size=32,
+            quantized_kv_start=0,
+            max_tokens=3,
+        )
+        self.assertEqual(len(list(steps)), 3)
+        self.assertIsInstance(cache[0], QuantizedKVCache)
+
+
+class TestDeepseekV4Training(unittest.TestCase):
+
+    def train(self, model, steps=2):
+        """Train model for steps through mlx_lm's trainer; return the losses."""
+
+        class Losses(tuner.callbacks.TrainingCallback):
+            def __init__(self):
+                self.losses = []
+
+            def on_train_loss_report(self, info):
+                self.losses.append(info["train_loss"])
+
+        mx.random.seed(4)
+        data = [(mx.random.randint(2, 300, (40,)).tolist(), 0) for _ in range(2)]
+        callback = Losses()
+        with tempfile.TemporaryDirectory() as tmp:
+            tuner.trainer.train(
+                model,
+                opt.Adam(learning_rate=1e-2),
+                data,
+                args=tuner.trainer.TrainingArgs(
+                    batch_size=2,
+                    iters=steps,
+                    steps_per_report=1,
+                    adapter_file=str(Path(tmp) / "adapters.safetensors"),
+                ),
+                training_callback=callback,
+            )
+        return callback.losses
+
+    def assertTrains(self, model):
+        before = dict(tree_flatten(model.trainable_parameters()))
+        self.assertTrue(before)
+        losses = self.train(model)
+        self.assertEqual(len(losses), 2)
+        self.assertTrue(all(math.isfinite(loss) for loss in losses))
+        after = dict(tree_flatten(model.trainable_parameters()))
+        self.assertEqual(after.keys(), before.keys())
+        self.assertTrue(any(not mx.array_equal(after[k], before[k]) for k in after))
+
+    def test_lora_trains(self):
+        model = make_tiny_model()
+        model.freeze()
+        tuner.utils.linear_to_lora_layers(
+            model, len(model.layers), {"rank": 4, "scale": 10.0, "dropout": 0.0}
+        )
+        self.assertTrains(model)
+
+    def test_full_fine_tuning_trains(self):
+        # As mlx_lm.lora does it. The hash layers' expert tables stay integers.
+        model = make_tiny_model()
+        model.freeze()
+        for layer in model.layers:
+            layer.unfreeze()
+        self.assertTrains(model)
+        gate = model.layers[0].ffn.gate
+        self.assertEqual(gate.tid2eid.dtype, mx.int32)
+
+
 def transformers_model(config, seed):
     """A random transformers DeepseekV4ForCausalLM for config."""
     import torch
@@ -342,6 +616,13 @@ def transformers_model(config, seed):
 
 @unittest.skipUnless(HAS_TORCH, "torch and transformers are needed")
 class TestDeepseekV4Transformers(unittest.TestCase):
+
+    def test_recorded_logits_are_transformers_logits(self):
+        model = seeded_model()
+        logits = transformers_logits(model, seeded_tokens())
+        sample, summary = logits_summary(logits)
+        np.testing.assert_allclose(sample, RECORDED_LOGITS, rtol=0, atol=1e-5)
+        np.testing.assert_allclose(summary, RECORDED_SUMMARY, rtol=0, atol=0.01)
 
     def test_logits_match_transformers(self):
         import torch

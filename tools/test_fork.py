@@ -105,6 +105,51 @@ class TestForkAssembly(unittest.TestCase):
                 fork.sync_patches(), ["removed patches/mlx_lm/models/base.py.patch"]
             )
 
+    def test_edit_of_an_upstream_test_becomes_a_tests_patch(self):
+        with self.sandbox():
+            fork.stage(fork.DEV_TREE, link=True)
+            rel = Path("tests/test_models.py")
+            edited = fork.DEV_TREE / rel
+            text = edited.read_text() + "\n# an edit in the dev tree\n"
+            edited.write_text(text)
+            self.assertEqual(fork._pending_edits(), [rel])
+            self.assertEqual(
+                fork.sync_patches(), ["wrote patches/tests/test_models.py.patch"]
+            )
+            # The upstream suite runs the patched file; export applies it.
+            tests = fork.stage_tests(self.tmp / "suite")
+            self.assertEqual((tests / "test_models.py").read_text(), text)
+            tree = self.tmp / "upstream"
+            shutil.copytree(self.upstream, tree)
+            self.assertEqual(fork.export(tree), [])
+            self.assertEqual((tree / rel).read_text(), text)
+            # Staging the package leaves it out of the package.
+            staged = fork.stage(self.tmp / "staged")
+            self.assertFalse((staged / "mlx_lm" / "tests").exists())
+
+    def test_demo_passes_the_arguments_after_a_double_dash_on(self):
+        with (
+            mock.patch.object(fork, "_reexec_with_patch_ng"),
+            mock.patch.object(fork, "setup_dev", return_value="python"),
+            mock.patch.object(fork.subprocess, "run") as run,
+        ):
+            run.return_value.returncode = 0
+            self.assertEqual(fork.main(["demo", "--", "--model-type", "qwen3_5"]), 0)
+        self.assertEqual(run.call_args.args[0][2:], ["--model-type", "qwen3_5"])
+
+    def test_tiny_model_writes_a_folder_that_loads(self):
+        from mlx_lm import load
+
+        folder = self.tmp / "tiny"
+        with (
+            mock.patch.object(fork, "_reexec_with_patch_ng"),
+            mock.patch.object(fork, "setup_dev", return_value=sys.executable),
+        ):
+            self.assertEqual(fork.main(["tiny-model", str(folder)]), 0)
+        model, tokenizer = load(str(folder))
+        self.assertEqual(model.model_type, "deepseek_v4")
+        self.assertTrue(tokenizer.encode("The quick brown fox"))
+
     def test_dev_refuses_to_drop_unsynced_edits(self):
         with self.sandbox():
             fork.stage(fork.DEV_TREE, link=True)

@@ -1,7 +1,8 @@
 # Copyright © 2026 Apple Inc.
 
+import math
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Any, Callable, Dict, List, Optional
 
 import mlx.core as mx
@@ -82,36 +83,40 @@ class ModelArgs(BaseModelArgs):
     quantization_config: Optional[Dict[str, Any]] = None
 
     def __post_init__(self):
+        _check_numbers(self)
         _check_quantization(self)
         n = self.num_hidden_layers
         rates = {CSA: 4, HCA: 128}
+        if self.compress_ratios is not None:
+            # DeepSeek's code overlaps (and indexes) ratio 4 only; any other
+            # ratio is heavily compressed. The list may end with the MTP layer.
+            ratios = list(self.compress_ratios)[:n]
+            if len(ratios) < n or any(
+                not isinstance(r, int) or isinstance(r, bool) or r < 0 for r in ratios
+            ):
+                raise ValueError(
+                    f"`compress_ratios` needs {n} integer ratios of 0 or more, "
+                    f"not {self.compress_ratios}."
+                )
+            hca = {r for r in ratios if r and r != 4}
+            if len(hca) > 1:
+                raise ValueError(
+                    f"`compress_ratios` has several HCA ratios {sorted(hca)}."
+                )
+            ratio_rates = {CSA: 4, HCA: hca.pop() if hca else rates[HCA]}
+            ratio_types = [SLIDING if not r else CSA if r == 4 else HCA for r in ratios]
         if self.layer_types is None:
             if self.compress_ratios is None:
                 raise ValueError(
                     "The config needs `layer_types` or `compress_ratios` for "
                     "DeepSeek-V4."
                 )
-            # DeepSeek's code overlaps (and indexes) ratio 4 only; any other
-            # ratio is heavily compressed. The list may end with the MTP layer.
-            ratios = list(self.compress_ratios)
-            if len(ratios) < n or any(int(r) < 0 for r in ratios[:n]):
-                raise ValueError(
-                    f"`compress_ratios` needs {n} ratios of 0 or more, "
-                    f"not {ratios}."
-                )
-            hca = {int(r) for r in ratios[:n] if r and r != 4}
-            if len(hca) > 1:
-                raise ValueError(
-                    f"`compress_ratios` has several HCA ratios {sorted(hca)}."
-                )
-            rates[HCA] = hca.pop() if hca else rates[HCA]
-            self.layer_types = [
-                SLIDING if not r else CSA if r == 4 else HCA for r in ratios[:n]
-            ]
+            rates, self.layer_types = ratio_rates, ratio_types
         else:
             rates.update(self.compress_rates or {})
         if set(rates) != {CSA, HCA} or any(
-            not isinstance(r, int) or r < 1 for r in rates.values()
+            not isinstance(r, int) or isinstance(r, bool) or r < 1
+            for r in rates.values()
         ):
             raise ValueError(
                 f"`compress_rates` needs positive integer rates for {CSA} and "
@@ -132,6 +137,16 @@ class ModelArgs(BaseModelArgs):
                     f"{getattr(self, name)}."
                 )
             setattr(self, name, types)
+        if self.compress_ratios is not None:
+            # Both schemas given: they must describe the same layers.
+            for i, (kind, r) in enumerate(zip(self.layer_types, ratios)):
+                rate = 0 if kind == SLIDING else rates[kind]
+                if kind != ratio_types[i] or rate != r:
+                    raise ValueError(
+                        f"`compress_ratios` and `layer_types` disagree on layer "
+                        f"{i}: ratio {r} is {ratio_types[i]}, but `layer_types` "
+                        f"says {kind} (rate {rate}, from `compress_rates`)."
+                    )
         if self.scoring_func != "sqrtsoftplus":
             raise ValueError(
                 f"`scoring_func` {self.scoring_func!r} is not supported: "
@@ -144,6 +159,25 @@ class ModelArgs(BaseModelArgs):
         if self.qk_rope_head_dim is None:
             factor = self.partial_rotary_factor or 64 / 512
             self.qk_rope_head_dim = int(self.head_dim * factor)
+        for problem, message in (
+            (
+                self.qk_rope_head_dim > self.head_dim or self.qk_rope_head_dim % 2,
+                f"`qk_rope_head_dim` {self.qk_rope_head_dim} must be even and at "
+                f"most `head_dim` {self.head_dim}",
+            ),
+            (
+                self.num_experts_per_tok > self.n_routed_experts,
+                f"`num_experts_per_tok` {self.num_experts_per_tok} is more than "
+                f"`n_routed_experts` {self.n_routed_experts}",
+            ),
+            (
+                self.num_attention_heads % self.o_groups,
+                f"`o_groups` {self.o_groups} does not divide "
+                f"`num_attention_heads` {self.num_attention_heads}",
+            ),
+        ):
+            if problem:
+                raise ValueError(f"Invalid DeepSeek-V4 config: {message}.")
         params = self.rope_parameters or {}
         if isinstance(params.get("compress"), dict):
             self.rope_theta = params["main"].get("rope_theta", self.rope_theta)
@@ -155,6 +189,44 @@ class ModelArgs(BaseModelArgs):
         if scaling.get("rope_type", scaling.get("type")) != "yarn":
             scaling = None
         self.rope_scaling = scaling
+
+
+# The smallest value of the number fields that may be below 1 (any other
+# integer is at least 1, any other float above 0).
+_MINIMUMS = {
+    "qk_rope_head_dim": 0,
+    "n_shared_experts": 0,
+    "num_hash_layers": 0,
+    "swiglu_limit": 0,
+}
+
+
+def _check_numbers(args: ModelArgs) -> None:
+    """Raise one error naming every int or float field of the wrong type or
+    out of range."""
+    problems = []
+    for field in fields(args):
+        if field.type in (int, Optional[int]):
+            kind, what = int, "an integer"
+        elif field.type in (float, Optional[float]):
+            kind, what = (int, float), "a number"
+        else:
+            continue
+        value = getattr(args, field.name)
+        if value is None and field.default is None:
+            continue
+        if not isinstance(value, kind) or isinstance(value, bool):
+            problems.append(f"`{field.name}` {value!r} is not {what}")
+            continue
+        low = _MINIMUMS.get(field.name)
+        if low is not None and not value >= low:
+            problems.append(f"`{field.name}` {value} must be {low} or more")
+        elif low is None and kind is int and value < 1:
+            problems.append(f"`{field.name}` {value} must be 1 or more")
+        elif low is None and not (0 < value < math.inf):
+            problems.append(f"`{field.name}` {value} must be a positive number")
+    if problems:
+        raise ValueError("Invalid DeepSeek-V4 config:\n  " + "\n  ".join(problems))
 
 
 def _make_rope(args: ModelArgs, compressed: bool) -> YarnRoPE:
@@ -265,7 +337,7 @@ class Indexer(nn.Module):
         scores = mx.where(mx.arange(keys.shape[1]) < visible[:, None], scores, -mx.inf)
         k = min(self.index_topk, keys.shape[1])
         chosen = mx.argpartition(-scores, k - 1, axis=-1)[..., :k].astype(mx.int32)
-        return mx.where(chosen < visible[:, None], chosen, -1)
+        return mx.stop_gradient(mx.where(chosen < visible[:, None], chosen, -1))
 
 
 class Attention(nn.Module):
@@ -404,6 +476,7 @@ class Gate(nn.Module):
         if hashed:
             # Hash layers pick experts by token id.
             self.tid2eid = mx.zeros((args.vocab_size, self.top_k), dtype=mx.int32)
+            self.freeze(recurse=False, keys="tid2eid")
         else:
             self.e_score_correction_bias = mx.zeros(
                 (args.n_routed_experts,), dtype=mx.float32
@@ -418,9 +491,17 @@ class Gate(nn.Module):
             # The bias only selects the experts.
             biased = scores + self.e_score_correction_bias
             inds = mx.argpartition(-biased, self.top_k - 1, axis=-1)[..., : self.top_k]
+        inds = mx.stop_gradient(inds)
         weights = mx.take_along_axis(scores, inds, axis=-1)
         weights = weights / (mx.sum(weights, axis=-1, keepdims=True) + 1e-20)
         return inds, weights * self.scale
+
+
+def _freeze_hash_tables(module: nn.Module) -> None:
+    # The hash layers' expert tables are integer lookups, never trained.
+    for m in module.modules():
+        if isinstance(m, Gate) and "tid2eid" in m:
+            m.freeze(recurse=False, keys="tid2eid")
 
 
 class MoE(nn.Module):
@@ -457,6 +538,11 @@ class DecoderLayer(nn.Module):
         self.ffn_norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.attn_hc = HyperConnection(args)
         self.ffn_hc = HyperConnection(args)
+
+    def unfreeze(self, **kwargs) -> nn.Module:
+        super().unfreeze(**kwargs)
+        _freeze_hash_tables(self)
+        return self
 
     def __call__(
         self,
@@ -660,6 +746,11 @@ class Model(nn.Module):
     def layers(self):
         return self.model.layers
 
+    def unfreeze(self, **kwargs) -> nn.Module:
+        super().unfreeze(**kwargs)
+        _freeze_hash_tables(self)
+        return self
+
     def make_cache(self) -> List[WindowCompressorCache]:
         caches = []
         for kind in self.args.layer_types:
@@ -674,34 +765,40 @@ class Model(nn.Module):
         return caches
 
     def shard(self, group: Optional[mx.distributed.Group] = None) -> None:
+        """Split attention heads, by whole output groups, and the hidden units
+        of every expert over the ranks of group."""
         group = group or mx.distributed.init()
-        size, rank = group.size(), group.rank()
+        n = group.size()
         fields = ("num_attention_heads", "o_groups", "moe_intermediate_size")
-        values = {f: getattr(self.args, f) for f in fields}
-        bad = [f"`{f}` {v}" for f, v in values.items() if v % size]
+        sizes = {f: getattr(self.args, f) for f in fields}
+        bad = [f"`{f}` {v}" for f, v in sizes.items() if v % n]
         if bad:
             raise ValueError(
-                f"Cannot shard DeepSeek-V4 over {size} ranks: {size} does not "
-                f"divide {', '.join(bad)}."
+                f"Cannot shard DeepSeek-V4 over {n} ranks: {n} does not divide "
+                f"{', '.join(bad)}."
             )
-        for layer in self.layers:
-            # Each rank keeps whole output groups, so their heads, and sums wo_b.
-            attn = layer.attn
-            attn.wq_b = shard_linear(attn.wq_b, "all-to-sharded", group=group)
-            shard_inplace(attn.wo_a, lambda path, weight: 0, group=group)
-            attn.wo_b = shard_linear(attn.wo_b, "sharded-to-all", group=group)
-            attn.n_heads //= size
-            attn.o_groups //= size
-            attn._group_ids = mx.arange(attn.o_groups)[None]
-            heads = slice(rank * attn.n_heads, (rank + 1) * attn.n_heads)
-            attn.attn_sink = attn.attn_sink[heads]
 
-            # Every expert keeps a slice of its hidden units; the MoE sums.
+        # The axis of each parameter that ranks split: wo_a's groups and the
+        # sinks of their heads; the experts' hidden units.
+        attn_axes = {"wo_a": 0, "attn_sink": 0}
+        ffn_axes = {"gate_proj": -2, "up_proj": -2, "down_proj": -1}
+
+        def split_axis(path, weight):
+            parts = path.split(".")
+            if parts[0] == "attn":
+                return attn_axes.get(parts[1])
+            return ffn_axes.get(parts[-2]) if parts[0] == "ffn" else None
+
+        for layer in self.layers:
+            attn = layer.attn
+            # The projections into and out of the heads communicate.
+            attn.wq_b = shard_linear(attn.wq_b, "all-to-sharded", group=group)
+            attn.wo_b = shard_linear(attn.wo_b, "sharded-to-all", group=group)
+            shard_inplace(layer, split_axis, group=group)
+            attn.n_heads //= n
+            attn.o_groups //= n
+            attn._group_ids = mx.arange(attn.o_groups)[None]
             layer.ffn.sharding_group = group
-            for mlp in (layer.ffn.switch_mlp, layer.ffn.shared_experts):
-                shard_inplace(mlp.gate_proj, "all-to-sharded", group=group)
-                shard_inplace(mlp.up_proj, "all-to-sharded", group=group)
-                shard_inplace(mlp.down_proj, "sharded-to-all", group=group)
 
     def sanitize(self, weights: Dict[str, mx.array]) -> Dict[str, mx.array]:
         """Map every known checkpoint layout onto this model's names.
