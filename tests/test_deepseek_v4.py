@@ -10,6 +10,7 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
 
+from mlx_lm.chat_templates.deepseek_v4 import special_tokens
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
     CompressorCache,
@@ -89,8 +90,9 @@ def make_tiny_model(config=None, seed=0):
     return random_weights(deepseek_v4.Model(args), seed)
 
 
-def make_tiny_tokenizer(path, vocab_size):
-    """A byte-level BPE tokenizer of vocab_size tokens saved in path."""
+def make_tiny_tokenizer(path, vocab_size, special_tokens=special_tokens):
+    """A byte-level BPE tokenizer of vocab_size tokens saved in path, with the
+    chat format's special tokens (BOS and EOS first)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -99,7 +101,7 @@ def make_tiny_tokenizer(path, vocab_size):
     tokenizer.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=["<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"],
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
     )
     text = ["The quick brown fox jumps over the lazy dog. " * 4] * 8

@@ -18,6 +18,15 @@ assistant_token = "<｜Assistant｜>"
 thinking_start_token = "<think>"
 thinking_end_token = "</think>"
 dsml_token = "｜DSML｜"
+# The tokens of the format a tokenizer must have (checked at load).
+special_tokens = (
+    bos_token,
+    eos_token,
+    user_token,
+    assistant_token,
+    thinking_start_token,
+    thinking_end_token,
+)
 
 TOOLS_TEMPLATE = """## Tools
 
