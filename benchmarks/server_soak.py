@@ -4,7 +4,7 @@
 For each model type it builds a tiny model folder (as ``long_decode.py``
 does), starts ``mlx_lm.server`` on loopback and sends ``--requests`` chat
 requests, ``--concurrency`` at a time: streaming and not, with and without
-tools, prompts up to ``--max-prompt`` tokens (70% share a long system
+tools, prompts up to ``--max-prompt`` tokens (90% share a long system
 prompt, so the prompt cache serves it), answers up to ``--max-answer``
 tokens, and some cancelled midway (a stream closed after a few chunks, a
 request whose client times out). Every 50 requests it reads the server's
@@ -19,6 +19,7 @@ the requests completed and cancelled, p50/p95 latency and the memory.
 import argparse
 import json
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -93,7 +94,7 @@ def make_workload(rng, tokenizer, n, max_prompt, max_answer):
     requests = []
     for _ in range(n):
         question = make_text(rng, tokenizer, rng.randint(4, 24))
-        if rng.random() < 0.7:
+        if rng.random() < 0.9:
             # One long system prompt: the server caches it as a segment.
             system = "Answer from this document.\n" + document
         else:
@@ -190,10 +191,14 @@ def soak(
     max_prompt=2000,
     max_answer=1000,
     seed=0,
+    warmup=0,
     log=None,
     verbose=True,
 ):
-    """Run the soak on one tiny model; return its figures as a dict."""
+    """Run the soak on one tiny model; return its figures as a dict.
+
+    ``warmup`` requests with the longest prompts and answers go first, all at
+    once, to fill the prompt cache and reach the largest batches."""
     import openai
     import psutil
     from transformers import AutoTokenizer
@@ -203,6 +208,18 @@ def soak(
         folder = make_model_folder(Path(tmp) / model_type, model_type, seed=seed)
         tokenizer = AutoTokenizer.from_pretrained(folder)
         workload = make_workload(rng, tokenizer, requests, max_prompt, max_answer)
+        longest = [
+            dict(
+                messages=[
+                    {"role": "user", "content": make_text(rng, tokenizer, max_prompt)}
+                ],
+                max_tokens=max_answer,
+                stream=False,
+                tools=None,
+                cancel=None,
+            )
+            for _ in range(warmup)
+        ]
         port = free_port()
         log = log or subprocess.DEVNULL
         process = start_server(folder, port, log)
@@ -215,6 +232,9 @@ def soak(
                 timeout=1800,
             )
             model_id = client.models.list().data[-1].id
+            with ThreadPoolExecutor(max(warmup, 1)) as pool:
+                for _ in pool.map(lambda r: send(client, model_id, r), longest):
+                    pass
             results = run_workload(
                 client, model_id, workload, concurrency, server, verbose
             )
@@ -300,9 +320,14 @@ def main():
     parser.add_argument("--max-prompt", type=int, default=2000)
     parser.add_argument("--max-answer", type=int, default=1000)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--warmup", type=int, default=0, help="requests of the longest sizes first"
+    )
     parser.add_argument("--server-log", help="append the servers' output here")
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
+    # Stop the server also when this script is killed.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
 
     log = open(args.server_log, "a") if args.server_log else None
     figures = []
@@ -315,6 +340,7 @@ def main():
             max_prompt=args.max_prompt,
             max_answer=args.max_answer,
             seed=args.seed,
+            warmup=args.warmup,
             log=log,
         )
         figures.append(r)

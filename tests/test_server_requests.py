@@ -200,6 +200,17 @@ class TestServerRequests(unittest.TestCase):
         body = {"model": ids[-1], "messages": user(), "max_tokens": 3}
         self.assertEqual(self.server.chat(body)[0], 200)
 
+    def test_a_shared_system_prompt_comes_from_the_prompt_cache(self):
+        system = {"role": "system", "content": "The quick brown fox. " * 8}
+        cached = []
+        for question in ("Jumps over?", "The lazy dog?"):
+            messages = [system, {"role": "user", "content": question}]
+            status, answer = self.server.chat({"messages": messages, "max_tokens": 2})
+            self.assertEqual(status, 200, answer)
+            cached.append(answer["usage"]["prompt_tokens_details"]["cached_tokens"])
+        self.assertEqual(cached[0], 0)
+        self.assertGreater(cached[1], 30)
+
     def _disconnect_mid_answer(self, stream):
         """Three answers at once; the client of the first goes away. Return
         the tokens generated for it and the other two answers' token counts."""
