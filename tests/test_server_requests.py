@@ -273,5 +273,25 @@ class TestServerRequests(unittest.TestCase):
             self.assertEqual(answer["usage"]["completion_tokens"], 64)
 
 
+class TestServerWithABadModelFolder(unittest.TestCase):
+
+    def test_requests_name_the_load_error(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = make_tiny_model_folder(Path(tmp) / "model")
+            weights = path / "model.safetensors"
+            with open(weights, "r+b") as f:
+                f.truncate(weights.stat().st_size // 2)
+            server = ServerThread(path)
+            try:
+                server.generator.join()
+                status, answer = server.request("GET", "/health")
+                self.assertEqual(status, 503)
+                status, answer = server.chat({"messages": user(), "max_tokens": 3})
+                self.assertEqual(status, 500)
+                self.assertIn(str(weights), answer["error"])
+            finally:
+                server.close()
+
+
 if __name__ == "__main__":
     unittest.main()
