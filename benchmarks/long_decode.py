@@ -79,8 +79,18 @@ CONFIGS = {
 }
 
 
-def make_tokenizer(path, vocab_size):
-    """Train a small byte-level BPE tokenizer and save it to ``path``."""
+# ChatML, for the model types without a chat encoder of their own.
+CHAT_TEMPLATE = (
+    "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def make_tokenizer(
+    path, vocab_size, special_tokens=("<bos>", "<eos>"), chat_template=CHAT_TEMPLATE
+):
+    """Train a small byte-level BPE tokenizer and save it to ``path``. The
+    first two special tokens are BOS and EOS."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
@@ -89,7 +99,7 @@ def make_tokenizer(path, vocab_size):
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
         vocab_size=vocab_size,
-        special_tokens=["<bos>", "<eos>"],
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
@@ -100,7 +110,10 @@ def make_tokenizer(path, vocab_size):
     ]
     tok.train_from_iterator(text * 10, trainer)
     PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token="<bos>", eos_token="<eos>"
+        tokenizer_object=tok,
+        bos_token=special_tokens[0],
+        eos_token=special_tokens[1],
+        chat_template=chat_template,
     ).save_pretrained(path)
 
 
@@ -119,7 +132,13 @@ def make_model_folder(path, model_type, seed=0):
     with open(path / "config.json", "w") as f:
         json.dump(config, f, indent=2)
     vocab = config.get("vocab_size") or config["text_config"]["vocab_size"]
-    make_tokenizer(path, vocab)
+    if model_type == "deepseek_v4":
+        # The tokens of its chat format, which load checks.
+        from mlx_lm.chat_templates.deepseek_v4 import special_tokens
+
+        make_tokenizer(path, vocab, special_tokens, chat_template=None)
+    else:
+        make_tokenizer(path, vocab)
     return path
 
 

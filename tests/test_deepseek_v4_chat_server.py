@@ -106,7 +106,9 @@ def make_chain_model_folder(path):
     ids = {w: tokenizer.convert_tokens_to_ids(w) for w in words}
     ids[None] = tokenizer.eos_token_id
 
+    # The prompts with tools run past the tiny config's 256 positions.
     config = {**TINY_CONFIG, "vocab_size": len(tokenizer)}
+    config["max_position_embeddings"] = 4096
     model = make_tiny_model(config)
     # Layers add nothing (their output weights are zero), so the hidden state
     # is the embedding of the current token.

@@ -56,6 +56,8 @@ PRISTINE_SUITE = "242 passed, 16 skipped, 27 failed, 85 errors"
 
 # Linters pinned as in upstream's pre-commit configuration.
 LINT_REQUIREMENTS = ["black==25.1.0", "isort==6.0.1", "ruff==0.17.6"]
+# What the server tests drive mlx_lm.server with and measure it by.
+TEST_CLIENTS = ["openai", "psutil"]
 
 
 class ForkError(Exception):
@@ -345,7 +347,7 @@ def dev_requirements():
     reqs = list(project["dependencies"])
     if sys.platform != "darwin":
         reqs += project["optional-dependencies"]["cpu"]
-    reqs += ["patch-ng==1.19.1", "pytest", *LINT_REQUIREMENTS]
+    reqs += ["patch-ng==1.19.1", "pytest", *TEST_CLIENTS, *LINT_REQUIREMENTS]
     return reqs
 
 
@@ -568,7 +570,7 @@ def test(ref=None):
     _run(*pip, "torch==2.13.0")
     extras = "test" if sys.platform == "darwin" else "cpu,test"
     _run(*pip, f"{UPSTREAM_NAME}[{extras}] @ git+file://{ROOT}@{ref}")
-    _run(*pip, "pytest", "patch-ng==1.19.1", *LINT_REQUIREMENTS)
+    _run(*pip, "pytest", "patch-ng==1.19.1", *TEST_CLIENTS, *LINT_REQUIREMENTS)
 
     results = {}
     version = subprocess.run(

@@ -21,6 +21,15 @@ latest_reminder_token = "<｜latest_reminder｜>"
 thinking_start_token = "<think>"
 thinking_end_token = "</think>"
 dsml_token = "｜DSML｜"
+# The tokens of the format a tokenizer must have (checked at load).
+special_tokens = (
+    bos_token,
+    eos_token,
+    user_token,
+    assistant_token,
+    thinking_start_token,
+    thinking_end_token,
+)
 
 task_tokens = {
     "action": "<｜action｜>",

@@ -1,0 +1,38 @@
+# Copyright © 2026 Apple Inc.
+
+import importlib.util
+import sys
+import unittest
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+import server_soak  # noqa: E402
+
+HAS_CLIENT = all(importlib.util.find_spec(m) for m in ("openai", "psutil"))
+
+
+@unittest.skipUnless(HAS_CLIENT, "the soak needs the openai and psutil packages")
+class TestServerSoak(unittest.TestCase):
+    """The short form of benchmarks/server_soak.py."""
+
+    def test_server_holds_under_load(self):
+        for model_type in ("deepseek_v4", "qwen3_5"):
+            with self.subTest(model_type=model_type):
+                r = server_soak.soak(
+                    model_type,
+                    requests=100,
+                    max_prompt=300,
+                    max_answer=48,
+                    warmup=8,
+                    verbose=False,
+                )
+                self.assertEqual(r["errors"], [])
+                self.assertEqual(r["completed"] + r["cancelled"], 100)
+                self.assertGreater(r["cancelled"], 0)
+                self.assertGreater(r["cached_tokens"], 0)
+                self.assertTrue(r["server_alive"])
+                self.assertLessEqual(server_soak.rss_drift(r["rss"]), 0.05)
+
+
+if __name__ == "__main__":
+    unittest.main()
