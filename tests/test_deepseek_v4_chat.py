@@ -5,6 +5,7 @@ import tempfile
 import unittest
 from pathlib import Path
 
+from mlx_lm.server import ToolCallFormatter
 from test_deepseek_v4 import make_tiny_model_folder
 
 from mlx_lm import load
@@ -717,6 +718,21 @@ class TestDeepseekV4ToolParser(unittest.TestCase):
         calls = [{"name": "f", "arguments": arguments}, {"name": "g", "arguments": {}}]
         text = render_tool_calls([{"function": c} for c in calls])
         self.assertEqual(self.parse(text), calls)
+
+
+class TestServerToolText(unittest.TestCase):
+
+    def test_tool_text_that_does_not_parse_stays_as_content(self):
+        markers = (tool_parser.tool_call_start, tool_parser.tool_call_end)
+        formatter = ToolCallFormatter(tool_parser.parse_tool_call, None, False, markers)
+        good = render_tool_calls([{"function": {"name": "f", "arguments": {"x": "1"}}}])
+        good = good.removeprefix(tool_parser.tool_call_start)
+        calls = formatter([good, "garbage"])
+        self.assertEqual([c["function"]["name"] for c in calls], ["f"])
+        self.assertEqual(
+            formatter.take_unparsed(), tool_parser.tool_call_start + "garbage"
+        )
+        self.assertEqual(formatter.take_unparsed(), "")
 
 
 class TestDeepseekV4ChatLoad(unittest.TestCase):
