@@ -16,10 +16,8 @@ from .deepseek_v41 import (
     DeepseekV41SwiGLU,
     HyperConnection,
     SharedMLP,
-    _apply_rope,
     _collapse,
     _expand,
-    _gather_rows,
 )
 from .rope_utils import YarnRoPE
 from .switch_layers import SwitchGLU, SwitchLinear
@@ -180,48 +178,130 @@ def _make_rope(args: ModelArgs, compressed: bool) -> YarnRoPE:
     )
 
 
+def _rope_freqs(rope: YarnRoPE, dims: int) -> mx.array:
+    """The rope's frequencies for all ``dims`` features: infinite periods
+    leave the leading ones unrotated, so one rope call covers a whole head."""
+    lead = mx.full(((dims - rope.dims) // 2,), mx.inf)
+    return mx.concatenate([lead, rope._freqs])
+
+
+def _rope(x, freqs, offset, scale=1.0):
+    """Rotate x [..., L, D] from positions ``offset`` ([B] or int) on."""
+    return mx.fast.rope(
+        x,
+        x.shape[-1],
+        traditional=True,
+        base=None,
+        scale=scale,
+        offset=offset,
+        freqs=freqs,
+    )
+
+
+class Rows:
+    """Where each batch row's tokens of one forward sit: tokens
+    ``starts[b]:ends[b]`` of row b are real (the others padding), the first
+    at position ``offsets[b]``. Lists on the host, arrays for the masks."""
+
+    def __init__(self, offsets, starts, ends, length):
+        self.offsets, self.starts, self.ends = offsets, starts, ends
+        self.counts = [e - s for s, e in zip(starts, ends)]
+        self.length = length
+        j = mx.arange(length)
+        self.offset = mx.array(offsets)[:, None]
+        self.start = mx.array(starts)[:, None]
+        self.end = mx.array(ends)[:, None]
+        # The rope offset of each row and each token's position [B, L].
+        self.shift = mx.array([o - s for o, s in zip(offsets, starts)])
+        self.pos = self.shift[:, None] + j
+        self.real = (j >= self.start) & (j < self.end)
+        self._j = j
+
+    def slots(self, size):
+        """The slot of each token in a buffer of the last ``size`` positions,
+        ``size`` (no slot) for padding and tokens the buffer will not keep."""
+        keep = self.real & (self._j >= self.end - size)
+        return mx.where(keep, self.pos % size, size)
+
+    def window_mask(self, window):
+        """Which keys of ``SharedWindowCache.update_and_fetch`` (the buffer,
+        then the new rows) each query sees [B, L, window + 1 + L]."""
+        s = mx.arange(window + 1)
+        # Slot s holds the last position before the new tokens that is s mod
+        # window; the extra slot nothing.
+        kept = s + window * ((self.offset - 1 - s) // window)
+        kept = mx.where(s < window, kept, -1)
+        keys = mx.concatenate([kept, mx.where(self.real, self.pos, -1)], axis=1)
+        keys, q = keys[:, None], self.pos[..., None]
+        return (keys >= 0) & (keys <= q) & (keys > q - window)
+
+    def entries(self, ratio):
+        """How many entries of each ratio the rows have after the forward
+        (the most of any row), and how many each query sees [B, L]."""
+        n = max((o + c) // ratio for o, c in zip(self.offsets, self.counts))
+        return n, (self.pos + 1) // ratio
+
+
 class Compressor(nn.Module):
     def __init__(self, args: ModelArgs, ratio: int, head_dim: int, overlap: bool):
         super().__init__()
         self.ratio = ratio
         self.head_dim = head_dim
         self.overlap = overlap
-        self.rope_dim = args.qk_rope_head_dim
         width = 2 * head_dim if overlap else head_dim
         self.wkv = nn.Linear(args.hidden_size, width, bias=False)
         self.wgate = nn.Linear(args.hidden_size, width, bias=False)
         self.ape = mx.zeros((ratio, width), dtype=mx.float32)
         self.norm = nn.RMSNorm(head_dim, eps=args.rms_norm_eps)
+        self._freqs = _rope_freqs(_make_rope(args, compressed=True), head_dim)
 
     def __call__(
-        self, x: mx.array, rope: YarnRoPE, cache: CompressorCache
+        self, x: mx.array, cache: CompressorCache, rows: Rows
     ) -> Optional[mx.array]:
         """Pool each window of ratio rows that x closes into one entry; return
-        all entries so far, or None."""
-        kv, gate, first = cache.update_pending(self.wkv(x), self.wgate(x))
-        if kv.shape[1] == 0:
-            return cache.fetch()
-        batch, length, width = kv.shape
-        n, d = length // self.ratio, self.head_dim
-        kv = kv.reshape(batch, n, self.ratio, width)
-        gate = gate.reshape(batch, n, self.ratio, width) + self.ape
+        the pool (entry w of a row in its slot w), or None."""
+        kv, gate = self.wkv(x), self.wgate(x)
+        ratio, span = self.ratio, cache.span
+        first = [o // ratio for o in rows.offsets]
+        closed = max(
+            (o + c) // ratio - f for o, c, f in zip(rows.offsets, rows.counts, first)
+        )
+        buffers = cache.update_rows(kv, gate, rows.slots(span), fetch=closed > 0)
+        if closed == 0:
+            return cache.pool
+        buf_kv, buf_gate = buffers
+        # The rows of the windows closed in any row (one more before them for
+        # overlapping windows), from the buffer or the new rows.
+        before = int(self.overlap)
+        batch, _, width = kv.shape
+        pos = (mx.array(first)[:, None] - before) * ratio + mx.arange(
+            (closed + before) * ratio
+        )
+        idx = mx.where(
+            pos < rows.offset,
+            mx.where(pos < 0, span, pos % span),
+            span + 1 + pos - rows.offset + rows.start,
+        )
+        # A row that closes fewer windows pools garbage into slots it has not
+        # reached; they are masked until it overwrites them.
+        idx = mx.minimum(idx, buf_kv.shape[1] - 1)[..., None]
+        shape = (batch, closed + before, ratio, width)
+        kv = mx.take_along_axis(buf_kv, idx, axis=1).reshape(shape)
+        gate = mx.take_along_axis(buf_gate, idx, axis=1).reshape(shape) + self.ape
         if self.overlap:
             # Entry w pools the first half of window w - 1 and the second
-            # half of window w.
-            prev_kv, prev_gate = cache.update_overlap(
-                kv[:, -1:, :, :d], gate[:, -1:, :, :d]
-            )
-            kv_a = mx.concatenate([prev_kv, kv[:, :-1, :, :d]], axis=1)
-            gate_a = mx.concatenate([prev_gate, gate[:, :-1, :, :d]], axis=1)
-            kv = mx.concatenate([kv_a, kv[..., d:]], axis=2)
-            gate = mx.concatenate([gate_a, gate[..., d:]], axis=2)
+            # half of window w; nothing comes before position 0.
+            d = self.head_dim
+            early = (pos < 0).reshape(batch, closed + 1, ratio, 1)[:, :-1]
+            kv_a = mx.where(early, 0, kv[:, :-1, :, :d])
+            gate_a = mx.where(early, -mx.inf, gate[:, :-1, :, :d])
+            kv = mx.concatenate([kv_a, kv[:, 1:, :, d:]], axis=2)
+            gate = mx.concatenate([gate_a, gate[:, 1:, :, d:]], axis=2)
         weights = mx.softmax(gate.astype(mx.float32), axis=2, precise=True)
         entries = self.norm(mx.sum(kv * weights.astype(kv.dtype), axis=2))
         # An entry sits at the position of its window's first row.
-        entries = _apply_rope(
-            entries, rope, rope_dim=self.rope_dim, offset=first, scale=self.ratio
-        )
-        return cache.update_and_fetch(entries.astype(x.dtype))
+        entries = _rope(entries, self._freqs, mx.array(first), scale=ratio)
+        return cache.update_pool(entries.astype(x.dtype), first)
 
 
 class Indexer(nn.Module):
@@ -231,41 +311,35 @@ class Indexer(nn.Module):
         self.n_heads = args.index_n_heads
         self.head_dim = args.index_head_dim
         self.index_topk = args.index_topk
-        self.rope_dim = args.qk_rope_head_dim
         self.wq_b = nn.Linear(
             args.q_lora_rank, self.n_heads * self.head_dim, bias=False
         )
         self.weights_proj = nn.Linear(args.hidden_size, self.n_heads, bias=False)
         self.compressor = Compressor(args, ratio, self.head_dim, overlap=True)
+        self._freqs = _rope_freqs(_make_rope(args, compressed=True), self.head_dim)
 
     def __call__(
-        self,
-        x: mx.array,
-        qr: mx.array,
-        rope: YarnRoPE,
-        offset: int,
-        cache: CompressorCache,
+        self, x: mx.array, qr: mx.array, cache: CompressorCache, rows: Rows
     ) -> Optional[mx.array]:
-        """The entries each query attends to [B, L, k], -1 for none."""
-        keys = self.compressor(x, rope, cache)
-        if keys is None:
+        """The entries each query attends to [B, L, k], or None where every
+        visible entry is picked."""
+        keys = self.compressor(x, cache, rows)
+        n, visible = rows.entries(self.ratio)
+        if n <= self.index_topk:
             return None
         batch, length, _ = x.shape
         q = self.wq_b(qr).reshape(batch, length, self.n_heads, self.head_dim)
-        q = _apply_rope(q, rope, rope_dim=self.rope_dim, offset=offset)
+        q = _rope(q.transpose(0, 2, 1, 3), self._freqs, rows.shift)
         # In the keys' dtype: a float32 copy of the whole pool per step costs
         # more than it gains (DeepSeek's code even rounds these to fp4).
-        scores = q.astype(keys.dtype) @ keys[:, None].swapaxes(-1, -2)
-        scores = scores.astype(mx.float32)
-        scores = mx.maximum(scores, 0.0) * self.head_dim**-0.5
+        scores = q.astype(keys.dtype) @ keys[:, None, :n].swapaxes(-1, -2)
+        scores = mx.maximum(scores.astype(mx.float32), 0.0) * self.head_dim**-0.5
         weights = self.weights_proj(x).astype(mx.float32) * self.n_heads**-0.5
-        scores = mx.sum(scores * weights[..., None], axis=2)
-        # A query sees the entries of the windows closed at its position.
-        visible = (offset + mx.arange(length) + 1) // self.ratio
-        scores = mx.where(mx.arange(keys.shape[1]) < visible[:, None], scores, -mx.inf)
-        k = min(self.index_topk, keys.shape[1])
-        chosen = mx.argpartition(-scores, k - 1, axis=-1)[..., :k].astype(mx.int32)
-        return mx.where(chosen < visible[:, None], chosen, -1)
+        scores = mx.sum(scores * weights.swapaxes(1, 2)[..., None], axis=1)
+        scores = mx.where(mx.arange(n) < visible[..., None], scores, -mx.inf)
+        k = self.index_topk
+        chosen = mx.argpartition(-scores, k - 1, axis=-1)[..., :k]
+        return mx.stop_gradient(chosen)
 
 
 class Attention(nn.Module):
@@ -274,7 +348,6 @@ class Attention(nn.Module):
         self.kind = args.layer_types[layer_idx]
         self.n_heads = args.num_attention_heads
         self.head_dim = args.head_dim
-        self.rope_dim = args.qk_rope_head_dim
         self.window = args.sliding_window
         self.eps = args.rms_norm_eps
         self.scale = args.head_dim**-0.5
@@ -298,7 +371,9 @@ class Attention(nn.Module):
         )
         self.attn_sink = mx.zeros((self.n_heads,), dtype=mx.float32)
         self._group_ids = mx.arange(args.o_groups)[None]
-        self.rope = _make_rope(args, compressed=self.kind != SLIDING)
+        rope = _make_rope(args, compressed=self.kind != SLIDING)
+        self._freqs = _rope_freqs(rope, self.head_dim)
+        self._inverse_freqs = -self._freqs
         if self.kind != SLIDING:
             ratio = args.compress_rates[self.kind]
             self.compressor = Compressor(
@@ -307,92 +382,57 @@ class Attention(nn.Module):
         if self.kind == CSA:
             self.indexer = Indexer(args, ratio)
 
-    def __call__(self, x: mx.array, cache: WindowCompressorCache) -> mx.array:
+    def __call__(
+        self, x: mx.array, cache: WindowCompressorCache, rows: Rows
+    ) -> mx.array:
         batch, length, _ = x.shape
         qr = self.q_norm(self.wq_a(x))
         q = self.wq_b(qr).reshape(batch, length, self.n_heads, self.head_dim)
-        q = mx.fast.rms_norm(q, None, self.eps)
-        kv = self.kv_norm(self.wkv(x))
+        q = mx.fast.rms_norm(q, None, self.eps).transpose(0, 2, 1, 3)
+        q = _rope(q, self._freqs, rows.shift)
+        kv = _rope(self.kv_norm(self.wkv(x)), self._freqs, rows.shift)
 
-        # Rows of a batch cache sit at their own positions, so each attends
-        # to its own cache; right padding is left out and gives zeros.
-        parts = cache.row_caches(length)
-        rows = batch // len(parts)
-        out = []
-        for i, (c, n) in enumerate(parts):
-            r = slice(i * rows, (i + 1) * rows)
-            if n == 0:
-                o = mx.zeros((rows, length, self.n_heads, self.head_dim), x.dtype)
-            else:
-                o = self._attend(x[r, :n], qr[r, :n], q[r, :n], kv[r, :n], c)
-                if n < length:
-                    o = mx.pad(o, [(0, 0), (0, length - n), (0, 0), (0, 0)])
-            out.append(o)
-        out = mx.concatenate(out) if len(out) > 1 else out[0]
+        # One attention over the keys of the window and the compressed keys,
+        # each query masked to what it sees, with the sink in the softmax.
+        # The prompt's queries attend to the whole visible pool, CSA masked
+        # to each query's top-k; a decoded token attends to its top-k rows.
+        keys = [cache.window.update_and_fetch(kv, rows.slots(self.window))]
+        mask = [rows.window_mask(self.window)]
+        if self.kind != SLIDING:
+            pool = self.compressor(x, cache.compressor, rows)
+            n, visible = rows.entries(self.compressor.ratio)
+            chosen = None
+            if self.kind == CSA:
+                chosen = self.indexer(x, qr, cache.indexer, rows)
+            if chosen is not None:
+                seen = chosen < visible[..., None]
+                if length == 1:
+                    keys.append(mx.take_along_axis(pool, chosen[:, 0, :, None], 1))
+                    mask.append(seen)
+                else:
+                    picked = mx.where(seen, chosen, n)
+                    admit = mx.zeros((batch, length, n + 1), dtype=mx.bool_)
+                    admit = mx.put_along_axis(admit, picked, mx.array(True), -1)
+                    keys.append(pool[:, :n])
+                    mask.append(admit[..., :n])
+            elif n > 0:
+                keys.append(pool[:, :n])
+                mask.append(mx.arange(n) < visible[..., None])
+        keys = mx.concatenate(keys, axis=1)[:, None]
+        mask = mx.concatenate(mask, axis=-1)[:, None]
+        out = mx.fast.scaled_dot_product_attention(
+            q,
+            keys,
+            keys,
+            scale=self.scale,
+            mask=mask,
+            sinks=self.attn_sink.astype(q.dtype),
+        )
+        # Undo the keys' rotation at the query position.
+        out = _rope(out, self._inverse_freqs, rows.shift).transpose(0, 2, 1, 3)
         out = out.reshape(batch * length, self.o_groups, 1, -1)
         out = self.wo_a(out, self._group_ids)
         return self.wo_b(out.reshape(batch, length, -1))
-
-    def _attend(
-        self,
-        x: mx.array,
-        qr: mx.array,
-        q: mx.array,
-        kv: mx.array,
-        cache: WindowCompressorCache,
-    ) -> mx.array:
-        """Attention of the rows of one cache, before the output projection."""
-        batch, length, _ = x.shape
-        offset = cache.offset
-        q = _apply_rope(q, self.rope, rope_dim=self.rope_dim, offset=offset)
-        kv = _apply_rope(kv, self.rope, rope_dim=self.rope_dim, offset=offset)
-
-        # Window keys: the kept rows, then the new ones.
-        window = cache.window.update_and_fetch(kv)
-        q_pos = offset + mx.arange(length)[:, None]
-        k_pos = offset - (window.shape[1] - length) + mx.arange(window.shape[1])
-        mask = (k_pos <= q_pos) & (k_pos > q_pos - self.window)
-        q = q.astype(mx.float32).transpose(0, 2, 1, 3)
-        window = window.astype(mx.float32)[:, None]
-        scores = [mx.where(mask, (q @ window.swapaxes(-1, -2)) * self.scale, -mx.inf)]
-
-        # Compressed keys: all visible entries (HCA) or the indexer's top-k (CSA).
-        pool = picked = None
-        if self.kind != SLIDING:
-            pool = self.compressor(x, self.rope, cache.compressor)
-        if self.kind == CSA:
-            chosen = self.indexer(x, qr, self.rope, offset, cache.indexer)
-            if chosen is not None:
-                picked = _gather_rows(pool, chosen).astype(mx.float32)
-                s = (q.transpose(0, 2, 1, 3) @ picked.swapaxes(-1, -2)) * self.scale
-                s = s.transpose(0, 2, 1, 3)
-                scores.append(mx.where((chosen >= 0)[:, None], s, -mx.inf))
-        elif pool is not None:
-            pool = pool.astype(mx.float32)[:, None]
-            visible = (q_pos + 1) // self.compressor.ratio
-            s = (q @ pool.swapaxes(-1, -2)) * self.scale
-            scores.append(mx.where(mx.arange(pool.shape[2]) < visible, s, -mx.inf))
-
-        # The sink takes part in the softmax only.
-        sink = mx.broadcast_to(
-            self.attn_sink.astype(mx.float32)[:, None, None],
-            (batch, self.n_heads, length, 1),
-        )
-        sizes = [s.shape[-1] for s in scores]
-        probs = mx.softmax(mx.concatenate([*scores, sink], axis=-1), axis=-1)
-        probs = mx.split(probs, [sizes[0], sum(sizes)], axis=-1)
-        out = probs[0] @ window
-        if picked is not None:
-            p = probs[1].transpose(0, 2, 1, 3)
-            out = out + (p @ picked).transpose(0, 2, 1, 3)
-        elif len(sizes) > 1:
-            out = out + probs[1] @ pool
-        out = out.transpose(0, 2, 1, 3).astype(x.dtype)
-
-        # Undo the keys' rotation at the query position.
-        return _apply_rope(
-            out, self.rope, rope_dim=self.rope_dim, offset=offset, inverse=True
-        )
 
 
 class Gate(nn.Module):
@@ -418,6 +458,7 @@ class Gate(nn.Module):
             # The bias only selects the experts.
             biased = scores + self.e_score_correction_bias
             inds = mx.argpartition(-biased, self.top_k - 1, axis=-1)[..., : self.top_k]
+            inds = mx.stop_gradient(inds)
         weights = mx.take_along_axis(scores, inds, axis=-1)
         weights = weights / (mx.sum(weights, axis=-1, keepdims=True) + 1e-20)
         return inds, weights * self.scale
@@ -463,9 +504,10 @@ class DecoderLayer(nn.Module):
         h: mx.array,
         input_ids: mx.array,
         cache: WindowCompressorCache,
+        rows: Rows,
     ) -> mx.array:
         pre, post, comb = self.attn_hc(h)
-        x = self.attn(self.attn_norm(_collapse(h, pre)), cache)
+        x = self.attn(self.attn_norm(_collapse(h, pre)), cache, rows)
         h = _expand(x, h, post, comb)
         pre, post, comb = self.ffn_hc(h)
         x = self.ffn(self.ffn_norm(_collapse(h, pre)), input_ids)
@@ -489,13 +531,7 @@ class HyperHead(nn.Module):
 
 
 def _cache_arrays(cache: List[WindowCompressorCache]) -> List[mx.array]:
-    return [
-        v
-        for layer_cache in cache
-        for c in layer_cache.caches
-        for v in vars(c).values()
-        if isinstance(v, mx.array)
-    ]
+    return [a for c in cache for a in c.cache_arrays()]
 
 
 class DeepseekV4Model(nn.Module):
@@ -513,8 +549,10 @@ class DeepseekV4Model(nn.Module):
         h = self.embed_tokens(inputs)
         batch, length, dims = h.shape
         h = mx.broadcast_to(h[:, :, None], (batch, length, self.hc_mult, dims))
+        positions = [c.positions(batch, length) for c in cache]
+        rows = Rows(*positions[0], length)
         for layer, layer_cache in zip(self.layers, cache):
-            h = layer(h, inputs, layer_cache)
+            h = layer(h, inputs, layer_cache, rows)
         out = self.norm(self.hc_head(h))
         # Evaluating the output also materializes every cache array, so no
         # cache field keeps a growing lazy graph, without a host sync.
@@ -667,8 +705,14 @@ class Model(nn.Module):
             caches.append(
                 WindowCompressorCache(
                     SharedWindowCache(self.args.sliding_window),
-                    compressor=CompressorCache(ratio) if kind != SLIDING else None,
-                    indexer=CompressorCache(ratio) if kind == CSA else None,
+                    compressor=(
+                        CompressorCache(ratio, overlap=kind == CSA)
+                        if kind != SLIDING
+                        else None
+                    ),
+                    indexer=(
+                        CompressorCache(ratio, overlap=True) if kind == CSA else None
+                    ),
                 )
             )
         return caches
