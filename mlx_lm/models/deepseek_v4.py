@@ -2,6 +2,8 @@
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
+from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional
 
 import mlx.core as mx
@@ -10,15 +12,10 @@ from mlx.nn.layers.distributed import shard_inplace, shard_linear, sum_gradients
 from mlx.utils import tree_flatten
 
 from ..utils import infer_quant_config
+from . import deepseek_v41
 from .base import BaseModelArgs
 from .cache import CompressorCache, SharedWindowCache, WindowCompressorCache
-from .deepseek_v41 import (
-    DeepseekV41SwiGLU,
-    HyperConnection,
-    SharedMLP,
-    _collapse,
-    _expand,
-)
+from .deepseek_v41 import DeepseekV41SwiGLU, SharedMLP, _collapse, _expand
 from .rope_utils import YarnRoPE
 from .switch_layers import SwitchGLU, SwitchLinear
 
@@ -185,17 +182,35 @@ def _rope_freqs(rope: YarnRoPE, dims: int) -> mx.array:
     return mx.concatenate([lead, rope._freqs])
 
 
+@lru_cache
+def _compiled_rope(scale: float):
+    def rope(x, freqs, offset):
+        return mx.fast.rope(
+            x,
+            x.shape[-1],
+            traditional=True,
+            base=None,
+            scale=scale,
+            offset=offset,
+            freqs=freqs,
+        )
+
+    return mx.compile(rope)
+
+
 def _rope(x, freqs, offset, scale=1.0):
-    """Rotate x [..., L, D] from positions ``offset`` ([B] or int) on."""
-    return mx.fast.rope(
-        x,
-        x.shape[-1],
-        traditional=True,
-        base=None,
-        scale=scale,
-        offset=offset,
-        freqs=freqs,
-    )
+    """Rotate x [..., L, D] from positions ``offset`` ([B]) on."""
+    return _compiled_rope(scale)(x, freqs, offset)
+
+
+def _memoize(method):
+    def wrapper(self, arg):
+        key = (method.__name__, arg)
+        if key not in self._memo:
+            self._memo[key] = method(self, arg)
+        return self._memo[key]
+
+    return wrapper
 
 
 class Rows:
@@ -216,13 +231,17 @@ class Rows:
         self.pos = self.shift[:, None] + j
         self.real = (j >= self.start) & (j < self.end)
         self._j = j
+        self._memo = {}
 
+    # The layers share these, so each is built once per forward.
+    @_memoize
     def slots(self, size):
         """The slot of each token in a buffer of the last ``size`` positions,
         ``size`` (no slot) for padding and tokens the buffer will not keep."""
         keep = self.real & (self._j >= self.end - size)
         return mx.where(keep, self.pos % size, size)
 
+    @_memoize
     def window_mask(self, window):
         """Which keys of ``SharedWindowCache.update_and_fetch`` (the buffer,
         then the new rows) each query sees [B, L, window + 1 + L]."""
@@ -235,11 +254,39 @@ class Rows:
         keys, q = keys[:, None], self.pos[..., None]
         return (keys >= 0) & (keys <= q) & (keys > q - window)
 
+    @_memoize
     def entries(self, ratio):
         """How many entries of each ratio the rows have after the forward
         (the most of any row), and how many each query sees [B, L]."""
         n = max((o + c) // ratio for o, c in zip(self.offsets, self.counts))
         return n, (self.pos + 1) // ratio
+
+    @_memoize
+    def windows(self, sizes):
+        """For a compressor of ``ratio`` rows per entry that keeps ``span``
+        rows: the first window each row closes in this forward, how many
+        windows the row closing most closes, and the rows of those windows
+        (``before`` windows more before them) as positions [B, N] and indices
+        into the buffer followed by the new rows [B, N, 1]."""
+        ratio, span, before = sizes
+        first = [o // ratio for o in self.offsets]
+        closed = max(
+            (o + c) // ratio - f for o, c, f in zip(self.offsets, self.counts, first)
+        )
+        if closed == 0:
+            return first, 0, None, None
+        pos = (mx.array(first)[:, None] - before) * ratio + mx.arange(
+            (closed + before) * ratio
+        )
+        idx = mx.where(
+            pos < self.offset,
+            mx.where(pos < 0, span, pos % span),
+            span + 1 + pos - self.offset + self.start,
+        )
+        # A row that closes fewer windows pools garbage into slots it has not
+        # reached; they are masked until it overwrites them.
+        idx = mx.minimum(idx, span + self.length)[..., None]
+        return first, closed, pos, idx
 
 
 class Compressor(nn.Module):
@@ -261,47 +308,49 @@ class Compressor(nn.Module):
         """Pool each window of ratio rows that x closes into one entry; return
         the pool (entry w of a row in its slot w), or None."""
         kv, gate = self.wkv(x), self.wgate(x)
-        ratio, span = self.ratio, cache.span
-        first = [o // ratio for o in rows.offsets]
-        closed = max(
-            (o + c) // ratio - f for o, c, f in zip(rows.offsets, rows.counts, first)
-        )
+        ratio, span, before = self.ratio, cache.span, int(self.overlap)
+        first, closed, pos, idx = rows.windows((ratio, span, before))
         buffers = cache.update_rows(kv, gate, rows.slots(span), fetch=closed > 0)
         if closed == 0:
             return cache.pool
-        buf_kv, buf_gate = buffers
-        # The rows of the windows closed in any row (one more before them for
-        # overlapping windows), from the buffer or the new rows.
-        before = int(self.overlap)
-        batch, _, width = kv.shape
-        pos = (mx.array(first)[:, None] - before) * ratio + mx.arange(
-            (closed + before) * ratio
+        pool = _compiled_pool(ratio, self.head_dim, self.overlap, self.norm.eps)
+        entries = pool(
+            *buffers, idx, pos, self.ape, self.norm.weight, self._freqs, mx.array(first)
         )
-        idx = mx.where(
-            pos < rows.offset,
-            mx.where(pos < 0, span, pos % span),
-            span + 1 + pos - rows.offset + rows.start,
-        )
-        # A row that closes fewer windows pools garbage into slots it has not
-        # reached; they are masked until it overwrites them.
-        idx = mx.minimum(idx, buf_kv.shape[1] - 1)[..., None]
-        shape = (batch, closed + before, ratio, width)
+        return cache.update_pool(entries.astype(x.dtype), first)
+
+
+@lru_cache
+def _compiled_pool(ratio: int, head_dim: int, overlap: bool, eps: float):
+    def pool(buf_kv, buf_gate, idx, pos, ape, norm_weight, freqs, first):
+        batch, n, _ = idx.shape
+        shape = (batch, n // ratio, ratio, buf_kv.shape[-1])
         kv = mx.take_along_axis(buf_kv, idx, axis=1).reshape(shape)
-        gate = mx.take_along_axis(buf_gate, idx, axis=1).reshape(shape) + self.ape
-        if self.overlap:
+        gate = mx.take_along_axis(buf_gate, idx, axis=1).reshape(shape) + ape
+        if overlap:
             # Entry w pools the first half of window w - 1 and the second
             # half of window w; nothing comes before position 0.
-            d = self.head_dim
-            early = (pos < 0).reshape(batch, closed + 1, ratio, 1)[:, :-1]
+            d = head_dim
+            early = (pos < 0).reshape(*shape[:3], 1)[:, :-1]
             kv_a = mx.where(early, 0, kv[:, :-1, :, :d])
             gate_a = mx.where(early, -mx.inf, gate[:, :-1, :, :d])
             kv = mx.concatenate([kv_a, kv[:, 1:, :, d:]], axis=2)
             gate = mx.concatenate([gate_a, gate[:, 1:, :, d:]], axis=2)
         weights = mx.softmax(gate.astype(mx.float32), axis=2, precise=True)
-        entries = self.norm(mx.sum(kv * weights.astype(kv.dtype), axis=2))
+        entries = mx.sum(kv * weights.astype(kv.dtype), axis=2)
+        entries = mx.fast.rms_norm(entries, norm_weight, eps)
         # An entry sits at the position of its window's first row.
-        entries = _rope(entries, self._freqs, mx.array(first), scale=ratio)
-        return cache.update_pool(entries.astype(x.dtype), first)
+        return mx.fast.rope(
+            entries,
+            head_dim,
+            traditional=True,
+            base=None,
+            scale=float(ratio),
+            offset=first,
+            freqs=freqs,
+        )
+
+    return mx.compile(pool)
 
 
 class Indexer(nn.Module):
@@ -435,6 +484,38 @@ class Attention(nn.Module):
         return self.wo_b(out.reshape(batch, length, -1))
 
 
+@lru_cache
+def _compiled_collapse(hc: int, iters: int, hc_eps: float, norm_eps: float):
+    def collapse(streams, fn, base, scale, scale_ids, eps):
+        # Upstream's mixes (its Sinkhorn kernel on Metal), given the arrays.
+        params = SimpleNamespace(
+            hc=hc,
+            iters=iters,
+            hc_eps=hc_eps,
+            norm_eps=norm_eps,
+            fn=fn,
+            base=base,
+            scale=scale,
+            _scale_ids=scale_ids,
+            _eps=eps,
+        )
+        pre, post, comb = deepseek_v41.HyperConnection.__call__(params, streams)
+        return _collapse(streams, pre), post, comb
+
+    return mx.compile(collapse)
+
+
+_compiled_expand = mx.compile(_expand)
+
+
+class HyperConnection(deepseek_v41.HyperConnection):
+    def collapse(self, streams: mx.array):
+        """The streams mixed into one, and the post and comb mixes, in one
+        compiled call."""
+        fn = _compiled_collapse(self.hc, self.iters, self.hc_eps, self.norm_eps)
+        return fn(streams, self.fn, self.base, self.scale, self._scale_ids, self._eps)
+
+
 class Gate(nn.Module):
     def __init__(self, args: ModelArgs, hashed: bool):
         super().__init__()
@@ -450,18 +531,29 @@ class Gate(nn.Module):
             )
 
     def __call__(self, x: mx.array, input_ids: mx.array):
-        logits = x.astype(mx.float32) @ self.weight.astype(mx.float32).T
+        hashed = "tid2eid" in self
+        route = _compiled_gate(self.top_k, self.scale, hashed)
+        choice = self.tid2eid[input_ids] if hashed else self.e_score_correction_bias
+        return route(x, self.weight, choice)
+
+
+@lru_cache
+def _compiled_gate(top_k: int, scale: float, hashed: bool):
+    def route(x, weight, choice):
+        logits = x.astype(mx.float32) @ weight.astype(mx.float32).T
         scores = mx.sqrt(nn.softplus(logits))
-        if "tid2eid" in self:
-            inds = self.tid2eid[input_ids]
+        if hashed:
+            inds = choice
         else:
             # The bias only selects the experts.
-            biased = scores + self.e_score_correction_bias
-            inds = mx.argpartition(-biased, self.top_k - 1, axis=-1)[..., : self.top_k]
+            biased = scores + choice
+            inds = mx.argpartition(-biased, top_k - 1, axis=-1)[..., :top_k]
             inds = mx.stop_gradient(inds)
         weights = mx.take_along_axis(scores, inds, axis=-1)
         weights = weights / (mx.sum(weights, axis=-1, keepdims=True) + 1e-20)
-        return inds, weights * self.scale
+        return inds, weights * scale
+
+    return mx.compile(route)
 
 
 class MoE(nn.Module):
@@ -506,12 +598,12 @@ class DecoderLayer(nn.Module):
         cache: WindowCompressorCache,
         rows: Rows,
     ) -> mx.array:
-        pre, post, comb = self.attn_hc(h)
-        x = self.attn(self.attn_norm(_collapse(h, pre)), cache, rows)
-        h = _expand(x, h, post, comb)
-        pre, post, comb = self.ffn_hc(h)
-        x = self.ffn(self.ffn_norm(_collapse(h, pre)), input_ids)
-        return _expand(x, h, post, comb)
+        x, post, comb = self.attn_hc.collapse(h)
+        x = self.attn(self.attn_norm(x), cache, rows)
+        h = _compiled_expand(x, h, post, comb)
+        x, post, comb = self.ffn_hc.collapse(h)
+        x = self.ffn(self.ffn_norm(x), input_ids)
+        return _compiled_expand(x, h, post, comb)
 
 
 class HyperHead(nn.Module):
