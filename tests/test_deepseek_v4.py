@@ -270,6 +270,31 @@ class TestDeepseekV4(unittest.TestCase):
         self.assertEqual(csa.entries, 17)
         self.assertEqual(csa.pool.shape, pool.shape)
 
+    def test_every_cache_size_is_the_tokens_seen(self):
+        model = make_tiny_model()
+        cache = model.make_cache()
+        model(mx.zeros((1, 70), dtype=mx.int32), cache)
+        for layer_cache in cache:
+            sizes = [c.size() for c in [layer_cache, *layer_cache.caches]]
+            self.assertEqual(sizes, [70] * len(sizes))
+
+    def test_gradients_flow_past_the_top_k_choices(self):
+        # LoRA training differentiates the whole forward; the indices the
+        # gate and the indexer pick have no gradient.
+        import mlx.nn as nn
+
+        model = make_tiny_model()
+        # More CSA entries than index_topk, so the indexer picks.
+        inputs = mx.arange(80)[None] % 300
+
+        def loss(model):
+            return model(inputs).astype(mx.float32).mean()
+
+        value, grads = nn.value_and_grad(model, loss)(model)
+        mx.eval(value, grads)
+        grad = dict(tree_flatten(grads))["model.layers.1.attn.wq_b.weight"]
+        self.assertGreater(mx.abs(grad).max().item(), 0.0)
+
     def test_caches_merge_into_batches(self):
         # The server batches only caches that have merge.
         model = make_tiny_model()

@@ -151,6 +151,28 @@ class TestDeepseekV4Batch(unittest.TestCase):
             expected = model(tokens[i : i + 1], cache)
             self.assertLessEqual(max_diff(out[i : i + 1], expected), 1e-4)
 
+    def test_left_padded_prompts_match_single_rows(self):
+        model = self.model
+        prompts = [self.prompts["a"], self.prompts["c"]]
+        width = max(len(p) for p in prompts)
+        padding = [width - len(p) for p in prompts]
+        padded = mx.array([[0] * n + p for n, p in zip(padding, prompts)])
+        rows = [make_prompt_cache(model) for _ in prompts]
+        batch = [c[0].merge(list(c)) for c in zip(*rows)]
+        for c in batch:
+            c.prepare(left_padding=padding)
+        out = [model(padded, batch)[:, -1:]]
+        for c in batch:
+            c.finalize()
+        tokens = mx.array([[7], [8]])
+        out.append(model(tokens, batch))
+        for i, prompt in enumerate(prompts):
+            cache = make_prompt_cache(model)
+            expected = [model(mx.array([prompt]), cache)[:, -1:]]
+            expected.append(model(tokens[i : i + 1], cache))
+            for got, want in zip(out, expected):
+                self.assertLessEqual(max_diff(got[i : i + 1], want), 1e-4)
+
     def test_extracted_and_copied_rows_hold_what_nbytes_reports(self):
         # A view into a pool or window of the batch would keep its whole
         # buffer alive after the batch is gone.

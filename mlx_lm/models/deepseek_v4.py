@@ -323,6 +323,7 @@ class Compressor(nn.Module):
 @lru_cache
 def _compiled_pool(ratio: int, head_dim: int, overlap: bool, eps: float):
     def pool(buf_kv, buf_gate, idx, pos, ape, norm_weight, freqs, first):
+        idx = mx.stop_gradient(idx)
         batch, n, _ = idx.shape
         shape = (batch, n // ratio, ratio, buf_kv.shape[-1])
         kv = mx.take_along_axis(buf_kv, idx, axis=1).reshape(shape)
@@ -548,7 +549,8 @@ def _compiled_gate(top_k: int, scale: float, hashed: bool):
             # The bias only selects the experts.
             biased = scores + choice
             inds = mx.argpartition(-biased, top_k - 1, axis=-1)[..., :top_k]
-            inds = mx.stop_gradient(inds)
+        # Compiled, every input would get a gradient: indices have none.
+        inds = mx.stop_gradient(inds)
         weights = mx.take_along_axis(scores, inds, axis=-1)
         weights = weights / (mx.sum(weights, axis=-1, keepdims=True) + 1e-20)
         return inds, weights * scale
