@@ -400,6 +400,31 @@ class TestDeepseekV4(unittest.TestCase):
         self.assertEqual(csa.entries, 17)
         self.assertEqual(csa.pool.shape, pool.shape)
 
+    def test_every_cache_size_is_the_tokens_seen(self):
+        model = make_tiny_model()
+        cache = model.make_cache()
+        model(mx.zeros((1, 70), dtype=mx.int32), cache)
+        for layer_cache in cache:
+            sizes = [c.size() for c in [layer_cache, *layer_cache.caches]]
+            self.assertEqual(sizes, [70] * len(sizes))
+
+    def test_gradients_flow_past_the_top_k_choices(self):
+        # LoRA training differentiates the whole forward; the indices the
+        # gate and the indexer pick have no gradient.
+        import mlx.nn as nn
+
+        model = make_tiny_model()
+        # More CSA entries than index_topk, so the indexer picks.
+        inputs = mx.arange(80)[None] % 300
+
+        def loss(model):
+            return model(inputs).astype(mx.float32).mean()
+
+        value, grads = nn.value_and_grad(model, loss)(model)
+        mx.eval(value, grads)
+        grad = dict(tree_flatten(grads))["model.layers.1.attn.wq_b.weight"]
+        self.assertGreater(mx.abs(grad).max().item(), 0.0)
+
     def test_caches_merge_into_batches(self):
         # The server batches only caches that have merge.
         model = make_tiny_model()
@@ -464,20 +489,16 @@ class TestDeepseekV4Numerics(unittest.TestCase):
             outs.append(model(tokens[:, i : i + 1], cache))
         self.assertMatchesRecord(mx.concatenate(outs, axis=1))
 
-    def test_sliding_window_keeps_one_row_less_than_the_window(self):
-        # The next token's window reaches back window - 1 rows.
+    def test_sliding_window_is_a_fixed_buffer(self):
+        # A ring of window rows plus the slot that takes rows not kept.
         model = make_tiny_model()
         args = model.args
         self.assertEqual(args.layer_types[0], "sliding_attention")
-        row = args.head_dim * mx.float32.size
+        size = (args.sliding_window + 1) * args.head_dim * mx.float32.size
         cache = model.make_cache()
-        mx.eval(model(mx.zeros((1, 10), dtype=mx.int32), cache))
-        self.assertEqual(cache[0].nbytes, 10 * row)
-        mx.eval(model(mx.zeros((1, 100), dtype=mx.int32), cache))
-        self.assertEqual(cache[0].nbytes, (args.sliding_window - 1) * row)
-        for _ in range(3):
-            mx.eval(model(mx.zeros((1, 1), dtype=mx.int32), cache))
-            self.assertEqual(cache[0].nbytes, (args.sliding_window - 1) * row)
+        for length in (10, 100, 1, 1, 1):
+            mx.eval(model(mx.zeros((1, length), dtype=mx.int32), cache))
+            self.assertEqual(cache[0].nbytes, size)
 
 
 class TestDeepseekV4GenerationOptions(unittest.TestCase):

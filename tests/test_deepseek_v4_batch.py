@@ -141,7 +141,7 @@ class TestDeepseekV4Batch(unittest.TestCase):
         caches = [make_prompt_cache(model) for _ in prompts]
         batch = PromptProcessingBatch(model, [0, 1, 2], caches, prefill_step_size=8)
         batch.prompt(prompts)
-        self.assertEqual([r.offset for r in batch.prompt_cache[0].rows], [37, 9, 25])
+        self.assertEqual(batch.prompt_cache[0].offsets, [37, 9, 25])
         tokens = mx.array([[7], [8], [9]])
         out = model(tokens, batch.prompt_cache)
         for i, prompt in enumerate(prompts):
@@ -150,6 +150,54 @@ class TestDeepseekV4Batch(unittest.TestCase):
                 model(mx.array([prompt[j : j + 8]]), cache)
             expected = model(tokens[i : i + 1], cache)
             self.assertLessEqual(max_diff(out[i : i + 1], expected), 1e-4)
+
+    def test_left_padded_prompts_match_single_rows(self):
+        model = self.model
+        prompts = [self.prompts["a"], self.prompts["c"]]
+        width = max(len(p) for p in prompts)
+        padding = [width - len(p) for p in prompts]
+        padded = mx.array([[0] * n + p for n, p in zip(padding, prompts)])
+        rows = [make_prompt_cache(model) for _ in prompts]
+        batch = [c[0].merge(list(c)) for c in zip(*rows)]
+        for c in batch:
+            c.prepare(left_padding=padding)
+        out = [model(padded, batch)[:, -1:]]
+        for c in batch:
+            c.finalize()
+        tokens = mx.array([[7], [8]])
+        out.append(model(tokens, batch))
+        for i, prompt in enumerate(prompts):
+            cache = make_prompt_cache(model)
+            expected = [model(mx.array([prompt]), cache)[:, -1:]]
+            expected.append(model(tokens[i : i + 1], cache))
+            for got, want in zip(out, expected):
+                self.assertLessEqual(max_diff(got[i : i + 1], want), 1e-4)
+
+    def test_extracted_and_copied_rows_hold_what_nbytes_reports(self):
+        # A view into a pool or window of the batch would keep its whole
+        # buffer alive after the batch is gone.
+        model = self.model
+        caches = [make_prompt_cache(model) for _ in range(2)]
+        for cache, name in zip(caches, "ac"):
+            mx.eval(model(mx.array([self.prompts[name]]), cache))
+        batch = [c.merge([a, b]) for c, a, b in zip(caches[0], *caches)]
+        for token in range(3):
+            mx.eval(model(mx.array([[token], [token]]), batch))
+        limit = mx.set_cache_limit(0)
+        try:
+            rows = [[c.extract(i) for c in batch] for i in range(2)]
+            rows.append([c.copy() for c in caches[0]])
+            mx.eval([c.cache_arrays() for row in rows for c in row])
+            stored = sum(c.nbytes for row in rows for c in row)
+            del batch, caches
+            mx.synchronize()
+            held = mx.get_active_memory()
+            del rows
+            mx.synchronize()
+            freed = held - mx.get_active_memory()
+        finally:
+            mx.set_cache_limit(limit)
+        self.assertEqual(freed, stored)
 
     def test_merge_and_extract_copy_the_rows(self):
         # A server keeps the caches it merged from and the ones it extracted.
@@ -165,8 +213,9 @@ class TestDeepseekV4Batch(unittest.TestCase):
         mx.eval(pools)
         for token in range(5, 10):
             mx.eval(model(mx.array([[token], [token]]), batch))
-        self.assertEqual([r.offset for r in batch[1].rows], [42, 26])
-        self.assertEqual([r.compressor.entries for r in batch[1].rows], [10, 6])
+        self.assertEqual(batch[1].offsets, [42, 26])
+        rows = [batch[1].extract(i) for i in range(2)]
+        self.assertEqual([r.compressor.entries for r in rows], [10, 6])
         for cache, offset, pool in zip(kept, [37, 21, 21], pools):
             self.assertEqual(cache[1].offset, offset)
             self.assertTrue(mx.array_equal(cache[1].compressor.fetch(), pool[0]))

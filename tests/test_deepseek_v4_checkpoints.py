@@ -13,6 +13,7 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.utils import load_model, quantize_model, save_config, save_model
 
+from mlx_lm.chat_templates.deepseek_v4 import special_tokens
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
@@ -245,11 +246,17 @@ def _write_tokenizer(path):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    vocab = {f"t{i}": i for i in range(CONFIG["vocab_size"])}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token="t2"))
+    # The chat format's tokens first (BOS and EOS), then plain words.
+    words = list(special_tokens)
+    words += [f"t{i}" for i in range(len(words), CONFIG["vocab_size"])]
+    vocab = {w: i for i, w in enumerate(words)}
+    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=words[-1]))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token="t0", eos_token="t1", unk_token="t2"
+        tokenizer_object=tokenizer,
+        bos_token=words[0],
+        eos_token=words[1],
+        unk_token=words[-1],
     ).save_pretrained(path)
 
 

@@ -3,6 +3,8 @@
 import math
 import re
 from dataclasses import dataclass, fields
+from functools import lru_cache
+from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional
 
 import mlx.core as mx
@@ -11,17 +13,10 @@ from mlx.nn.layers.distributed import shard_inplace, shard_linear, sum_gradients
 from mlx.utils import tree_flatten
 
 from ..utils import infer_quant_config
+from . import deepseek_v41
 from .base import BaseModelArgs
 from .cache import CompressorCache, SharedWindowCache, WindowCompressorCache
-from .deepseek_v41 import (
-    DeepseekV41SwiGLU,
-    HyperConnection,
-    SharedMLP,
-    _apply_rope,
-    _collapse,
-    _expand,
-    _gather_rows,
-)
+from .deepseek_v41 import DeepseekV41SwiGLU, SharedMLP, _collapse, _expand
 from .rope_utils import YarnRoPE
 from .switch_layers import SwitchGLU, SwitchLinear
 
@@ -252,48 +247,204 @@ def _make_rope(args: ModelArgs, compressed: bool) -> YarnRoPE:
     )
 
 
+def _rope_freqs(rope: YarnRoPE, dims: int) -> mx.array:
+    """The rope's frequencies for all ``dims`` features: infinite periods
+    leave the leading ones unrotated, so one rope call covers a whole head."""
+    lead = mx.full(((dims - rope.dims) // 2,), mx.inf)
+    return mx.concatenate([lead, rope._freqs])
+
+
+@lru_cache
+def _compiled_rope(scale: float):
+    def rope(x, freqs, offset):
+        return mx.fast.rope(
+            x,
+            x.shape[-1],
+            traditional=True,
+            base=None,
+            scale=scale,
+            offset=offset,
+            freqs=freqs,
+        )
+
+    return mx.compile(rope)
+
+
+def _rope(x, freqs, offset, scale=1.0):
+    """Rotate x [..., L, D] from positions ``offset`` ([B]) on."""
+    return _compiled_rope(scale)(x, freqs, offset)
+
+
+def _memoize(method):
+    def wrapper(self, arg):
+        key = (method.__name__, arg)
+        if key not in self._memo:
+            self._memo[key] = method(self, arg)
+        return self._memo[key]
+
+    return wrapper
+
+
+class Rows:
+    """Where each batch row's tokens of one forward sit: tokens
+    ``starts[b]:ends[b]`` of row b are real (the others padding), the first
+    at position ``offsets[b]``. Lists on the host, arrays for the masks."""
+
+    def __init__(self, offsets, starts, ends, length):
+        self.offsets, self.starts, self.ends = offsets, starts, ends
+        self.counts = [e - s for s, e in zip(starts, ends)]
+        self.length = length
+        j = mx.arange(length)
+        self.offset = mx.array(offsets)[:, None]
+        self.start = mx.array(starts)[:, None]
+        self.end = mx.array(ends)[:, None]
+        # The rope offset of each row and each token's position [B, L].
+        self.shift = mx.array([o - s for o, s in zip(offsets, starts)])
+        self.pos = self.shift[:, None] + j
+        self.real = (j >= self.start) & (j < self.end)
+        self._j = j
+        self._memo = {}
+
+    # The layers share these, so each is built once per forward.
+    @_memoize
+    def slots(self, size):
+        """The slot of each token in a buffer of the last ``size`` positions,
+        ``size`` (no slot) for padding and tokens the buffer will not keep."""
+        keep = self.real & (self._j >= self.end - size)
+        return mx.where(keep, self.pos % size, size)
+
+    @_memoize
+    def window_mask(self, window):
+        """Which keys of ``SharedWindowCache.update_and_fetch`` (the buffer,
+        then the new rows) each query sees [B, L, window + 1 + L]."""
+        s = mx.arange(window + 1)
+        # Slot s holds the last position before the new tokens that is s mod
+        # window; the extra slot nothing.
+        kept = s + window * ((self.offset - 1 - s) // window)
+        kept = mx.where(s < window, kept, -1)
+        keys = mx.concatenate([kept, mx.where(self.real, self.pos, -1)], axis=1)
+        keys, q = keys[:, None], self.pos[..., None]
+        return (keys >= 0) & (keys <= q) & (keys > q - window)
+
+    @_memoize
+    def window_rows(self, window):
+        """For each query, the indices of its window's keys in the keys of
+        ``SharedWindowCache.update_and_fetch`` [B, L, window], and which of
+        them exist."""
+        pos = self.pos[..., None] - window + 1 + mx.arange(window)
+        offset, start = self.offset[..., None], self.start[..., None]
+        index = mx.where(pos >= offset, window + 1 + pos - offset + start, pos % window)
+        index = mx.minimum(index, window + self.length)
+        return index, pos >= 0
+
+    @_memoize
+    def entries(self, ratio):
+        """How many entries of each ratio the rows have after the forward
+        (the most of any row), and how many each query sees [B, L]."""
+        n = max((o + c) // ratio for o, c in zip(self.offsets, self.counts))
+        return n, (self.pos + 1) // ratio
+
+    @_memoize
+    def windows(self, sizes):
+        """For a compressor of ``ratio`` rows per entry that keeps ``span``
+        rows: the first window each row closes in this forward, how many
+        windows the row closing most closes, and the rows of those windows
+        (``before`` windows more before them) as positions [B, N] and indices
+        into the buffer followed by the new rows [B, N, 1]."""
+        ratio, span, before = sizes
+        first = [o // ratio for o in self.offsets]
+        closed = max(
+            (o + c) // ratio - f for o, c, f in zip(self.offsets, self.counts, first)
+        )
+        if closed == 0:
+            return first, 0, None, None
+        pos = (mx.array(first)[:, None] - before) * ratio + mx.arange(
+            (closed + before) * ratio
+        )
+        idx = mx.where(
+            pos < self.offset,
+            mx.where(pos < 0, span, pos % span),
+            span + 1 + pos - self.offset + self.start,
+        )
+        # A row that closes fewer windows pools garbage into slots it has not
+        # reached; they are masked until it overwrites them.
+        idx = mx.minimum(idx, span + self.length)[..., None]
+        return first, closed, pos, idx
+
+
+@lru_cache
+def _compiled_rms_norm(eps: float):
+    return mx.compile(lambda x, weight: mx.fast.rms_norm(x, weight, eps))
+
+
+class RMSNorm(nn.RMSNorm):
+    def __call__(self, x: mx.array) -> mx.array:
+        return _compiled_rms_norm(self.eps)(x, self.weight)
+
+
 class Compressor(nn.Module):
     def __init__(self, args: ModelArgs, ratio: int, head_dim: int, overlap: bool):
         super().__init__()
         self.ratio = ratio
         self.head_dim = head_dim
         self.overlap = overlap
-        self.rope_dim = args.qk_rope_head_dim
         width = 2 * head_dim if overlap else head_dim
         self.wkv = nn.Linear(args.hidden_size, width, bias=False)
         self.wgate = nn.Linear(args.hidden_size, width, bias=False)
         self.ape = mx.zeros((ratio, width), dtype=mx.float32)
         self.norm = nn.RMSNorm(head_dim, eps=args.rms_norm_eps)
+        self._freqs = _rope_freqs(_make_rope(args, compressed=True), head_dim)
 
     def __call__(
-        self, x: mx.array, rope: YarnRoPE, cache: CompressorCache
+        self, x: mx.array, cache: CompressorCache, rows: Rows
     ) -> Optional[mx.array]:
         """Pool each window of ratio rows that x closes into one entry; return
-        all entries so far, or None."""
-        kv, gate, first = cache.update_pending(self.wkv(x), self.wgate(x))
-        if kv.shape[1] == 0:
-            return cache.fetch()
-        batch, length, width = kv.shape
-        n, d = length // self.ratio, self.head_dim
-        kv = kv.reshape(batch, n, self.ratio, width)
-        gate = gate.reshape(batch, n, self.ratio, width) + self.ape
-        if self.overlap:
-            # Entry w pools the first half of window w - 1 and the second
-            # half of window w.
-            prev_kv, prev_gate = cache.update_overlap(
-                kv[:, -1:, :, :d], gate[:, -1:, :, :d]
-            )
-            kv_a = mx.concatenate([prev_kv, kv[:, :-1, :, :d]], axis=1)
-            gate_a = mx.concatenate([prev_gate, gate[:, :-1, :, :d]], axis=1)
-            kv = mx.concatenate([kv_a, kv[..., d:]], axis=2)
-            gate = mx.concatenate([gate_a, gate[..., d:]], axis=2)
-        weights = mx.softmax(gate.astype(mx.float32), axis=2, precise=True)
-        entries = self.norm(mx.sum(kv * weights.astype(kv.dtype), axis=2))
-        # An entry sits at the position of its window's first row.
-        entries = _apply_rope(
-            entries, rope, rope_dim=self.rope_dim, offset=first, scale=self.ratio
+        the pool (entry w of a row in its slot w), or None."""
+        kv, gate = self.wkv(x), self.wgate(x)
+        ratio, span, before = self.ratio, cache.span, int(self.overlap)
+        first, closed, pos, idx = rows.windows((ratio, span, before))
+        buffers = cache.update_rows(kv, gate, rows.slots(span), fetch=closed > 0)
+        if closed == 0:
+            return cache.pool
+        pool = _compiled_pool(ratio, self.head_dim, self.overlap, self.norm.eps)
+        entries = pool(
+            *buffers, idx, pos, self.ape, self.norm.weight, self._freqs, mx.array(first)
         )
-        return cache.update_and_fetch(entries.astype(x.dtype))
+        return cache.update_pool(entries.astype(x.dtype), first)
+
+
+@lru_cache
+def _compiled_pool(ratio: int, head_dim: int, overlap: bool, eps: float):
+    def pool(buf_kv, buf_gate, idx, pos, ape, norm_weight, freqs, first):
+        idx = mx.stop_gradient(idx)
+        batch, n, _ = idx.shape
+        shape = (batch, n // ratio, ratio, buf_kv.shape[-1])
+        kv = mx.take_along_axis(buf_kv, idx, axis=1).reshape(shape)
+        gate = mx.take_along_axis(buf_gate, idx, axis=1).reshape(shape) + ape
+        if overlap:
+            # Entry w pools the first half of window w - 1 and the second
+            # half of window w; nothing comes before position 0.
+            d = head_dim
+            early = (pos < 0).reshape(*shape[:3], 1)[:, :-1]
+            kv_a = mx.where(early, 0, kv[:, :-1, :, :d])
+            gate_a = mx.where(early, -mx.inf, gate[:, :-1, :, :d])
+            kv = mx.concatenate([kv_a, kv[:, 1:, :, d:]], axis=2)
+            gate = mx.concatenate([gate_a, gate[:, 1:, :, d:]], axis=2)
+        weights = mx.softmax(gate.astype(mx.float32), axis=2, precise=True)
+        entries = mx.sum(kv * weights.astype(kv.dtype), axis=2)
+        entries = mx.fast.rms_norm(entries, norm_weight, eps)
+        # An entry sits at the position of its window's first row.
+        return mx.fast.rope(
+            entries,
+            head_dim,
+            traditional=True,
+            base=None,
+            scale=float(ratio),
+            offset=first,
+            freqs=freqs,
+        )
+
+    return mx.compile(pool)
 
 
 class Indexer(nn.Module):
@@ -303,41 +454,35 @@ class Indexer(nn.Module):
         self.n_heads = args.index_n_heads
         self.head_dim = args.index_head_dim
         self.index_topk = args.index_topk
-        self.rope_dim = args.qk_rope_head_dim
         self.wq_b = nn.Linear(
             args.q_lora_rank, self.n_heads * self.head_dim, bias=False
         )
         self.weights_proj = nn.Linear(args.hidden_size, self.n_heads, bias=False)
         self.compressor = Compressor(args, ratio, self.head_dim, overlap=True)
+        self._freqs = _rope_freqs(_make_rope(args, compressed=True), self.head_dim)
 
     def __call__(
-        self,
-        x: mx.array,
-        qr: mx.array,
-        rope: YarnRoPE,
-        offset: int,
-        cache: CompressorCache,
+        self, x: mx.array, qr: mx.array, cache: CompressorCache, rows: Rows
     ) -> Optional[mx.array]:
-        """The entries each query attends to [B, L, k], -1 for none."""
-        keys = self.compressor(x, rope, cache)
-        if keys is None:
+        """The entries each query attends to [B, L, k], or None where every
+        visible entry is picked."""
+        keys = self.compressor(x, cache, rows)
+        n, visible = rows.entries(self.ratio)
+        if n <= self.index_topk:
             return None
         batch, length, _ = x.shape
         q = self.wq_b(qr).reshape(batch, length, self.n_heads, self.head_dim)
-        q = _apply_rope(q, rope, rope_dim=self.rope_dim, offset=offset)
+        q = _rope(q.transpose(0, 2, 1, 3), self._freqs, rows.shift)
         # In the keys' dtype: a float32 copy of the whole pool per step costs
         # more than it gains (DeepSeek's code even rounds these to fp4).
-        scores = q.astype(keys.dtype) @ keys[:, None].swapaxes(-1, -2)
-        scores = scores.astype(mx.float32)
-        scores = mx.maximum(scores, 0.0) * self.head_dim**-0.5
+        scores = q.astype(keys.dtype) @ keys[:, None, :n].swapaxes(-1, -2)
+        scores = mx.maximum(scores.astype(mx.float32), 0.0) * self.head_dim**-0.5
         weights = self.weights_proj(x).astype(mx.float32) * self.n_heads**-0.5
-        scores = mx.sum(scores * weights[..., None], axis=2)
-        # A query sees the entries of the windows closed at its position.
-        visible = (offset + mx.arange(length) + 1) // self.ratio
-        scores = mx.where(mx.arange(keys.shape[1]) < visible[:, None], scores, -mx.inf)
-        k = min(self.index_topk, keys.shape[1])
-        chosen = mx.argpartition(-scores, k - 1, axis=-1)[..., :k].astype(mx.int32)
-        return mx.stop_gradient(mx.where(chosen < visible[:, None], chosen, -1))
+        scores = mx.sum(scores * weights.swapaxes(1, 2)[..., None], axis=1)
+        scores = mx.where(mx.arange(n) < visible[..., None], scores, -mx.inf)
+        k = self.index_topk
+        chosen = mx.argpartition(-scores, k - 1, axis=-1)[..., :k]
+        return mx.stop_gradient(chosen)
 
 
 class Attention(nn.Module):
@@ -346,18 +491,17 @@ class Attention(nn.Module):
         self.kind = args.layer_types[layer_idx]
         self.n_heads = args.num_attention_heads
         self.head_dim = args.head_dim
-        self.rope_dim = args.qk_rope_head_dim
         self.window = args.sliding_window
         self.eps = args.rms_norm_eps
         self.scale = args.head_dim**-0.5
         self.o_groups = args.o_groups
         self.wq_a = nn.Linear(args.hidden_size, args.q_lora_rank, bias=False)
-        self.q_norm = nn.RMSNorm(args.q_lora_rank, eps=args.rms_norm_eps)
+        self.q_norm = RMSNorm(args.q_lora_rank, eps=args.rms_norm_eps)
         self.wq_b = nn.Linear(
             args.q_lora_rank, self.n_heads * self.head_dim, bias=False
         )
         self.wkv = nn.Linear(args.hidden_size, self.head_dim, bias=False)
-        self.kv_norm = nn.RMSNorm(self.head_dim, eps=args.rms_norm_eps)
+        self.kv_norm = RMSNorm(self.head_dim, eps=args.rms_norm_eps)
         # One projection per group of heads: [o_groups, o_lora_rank, group dims].
         self.wo_a = SwitchLinear(
             self.n_heads * self.head_dim // args.o_groups,
@@ -370,7 +514,9 @@ class Attention(nn.Module):
         )
         self.attn_sink = mx.zeros((self.n_heads,), dtype=mx.float32)
         self._group_ids = mx.arange(args.o_groups)[None]
-        self.rope = _make_rope(args, compressed=self.kind != SLIDING)
+        rope = _make_rope(args, compressed=self.kind != SLIDING)
+        self._freqs = _rope_freqs(rope, self.head_dim)
+        self._inverse_freqs = -self._freqs
         if self.kind != SLIDING:
             ratio = args.compress_rates[self.kind]
             self.compressor = Compressor(
@@ -379,92 +525,115 @@ class Attention(nn.Module):
         if self.kind == CSA:
             self.indexer = Indexer(args, ratio)
 
-    def __call__(self, x: mx.array, cache: WindowCompressorCache) -> mx.array:
+    def __call__(
+        self, x: mx.array, cache: WindowCompressorCache, rows: Rows
+    ) -> mx.array:
         batch, length, _ = x.shape
         qr = self.q_norm(self.wq_a(x))
         q = self.wq_b(qr).reshape(batch, length, self.n_heads, self.head_dim)
-        q = mx.fast.rms_norm(q, None, self.eps)
-        kv = self.kv_norm(self.wkv(x))
+        q = mx.fast.rms_norm(q, None, self.eps).transpose(0, 2, 1, 3)
+        q = _rope(q, self._freqs, rows.shift)
+        kv = _rope(self.kv_norm(self.wkv(x)), self._freqs, rows.shift)
 
-        # Rows of a batch cache sit at their own positions, so each attends
-        # to its own cache; right padding is left out and gives zeros.
-        parts = cache.row_caches(length)
-        rows = batch // len(parts)
-        out = []
-        for i, (c, n) in enumerate(parts):
-            r = slice(i * rows, (i + 1) * rows)
-            if n == 0:
-                o = mx.zeros((rows, length, self.n_heads, self.head_dim), x.dtype)
-            else:
-                o = self._attend(x[r, :n], qr[r, :n], q[r, :n], kv[r, :n], c)
-                if n < length:
-                    o = mx.pad(o, [(0, 0), (0, length - n), (0, 0), (0, 0)])
-            out.append(o)
-        out = mx.concatenate(out) if len(out) > 1 else out[0]
+        # One attention over the keys of the window and the compressed keys,
+        # each query masked to what it sees, with the sink in the softmax:
+        # the whole visible HCA pool, or a CSA query's top-k entries. A
+        # decoded token gathers its top-k rows; a prompt's queries, which
+        # each pick others, gather their window and top-k rows (attending
+        # to the whole pool, masked, grows with the context).
+        window = cache.window.update_and_fetch(kv, rows.slots(self.window))
+        keys, mask = [window], [rows.window_mask(self.window)]
+        chosen = None
+        if self.kind != SLIDING:
+            pool = self.compressor(x, cache.compressor, rows)
+            n, visible = rows.entries(self.compressor.ratio)
+            if self.kind == CSA:
+                chosen = self.indexer(x, qr, cache.indexer, rows)
+            if chosen is not None:
+                seen = chosen < visible[..., None]
+                if length > 1:
+                    return self._sparse(q, x, window, pool, chosen, seen, rows)
+                keys.append(mx.take_along_axis(pool, chosen[:, 0, :, None], 1))
+                mask.append(seen)
+            elif n > 0:
+                keys.append(pool[:, :n])
+                mask.append(mx.arange(n) < visible[..., None])
+        keys = mx.concatenate(keys, axis=1)[:, None]
+        mask = mx.concatenate(mask, axis=-1)[:, None]
+        out = mx.fast.scaled_dot_product_attention(
+            q,
+            keys,
+            keys,
+            scale=self.scale,
+            mask=mask,
+            sinks=self.attn_sink.astype(q.dtype),
+        )
+        return self._output(out, rows)
+
+    def _sparse(self, q, x, window, pool, chosen, seen, rows):
+        """Attention of queries that each attend to their own window rows and
+        top-k entries (the rows gathered in the model's dtype)."""
+        batch, heads, length, dims = q.shape
+        index, valid = rows.window_rows(self.window)
+        keys = mx.concatenate(
+            [
+                mx.take_along_axis(window[:, None], index[..., None], axis=2),
+                mx.take_along_axis(pool[:, None], chosen[..., None], axis=2),
+            ],
+            axis=2,
+        )
+        mask = mx.concatenate([valid, seen], axis=-1)
+        q = q.transpose(0, 2, 1, 3).reshape(batch * length, heads, 1, dims)
+        out = mx.fast.scaled_dot_product_attention(
+            q,
+            keys.reshape(batch * length, 1, -1, dims),
+            keys.reshape(batch * length, 1, -1, dims),
+            scale=self.scale,
+            mask=mask.reshape(batch * length, 1, 1, -1),
+            sinks=self.attn_sink.astype(q.dtype),
+        )
+        out = out.reshape(batch, length, heads, dims).transpose(0, 2, 1, 3)
+        return self._output(out, rows)
+
+    def _output(self, out: mx.array, rows: Rows) -> mx.array:
+        batch, _, length, _ = out.shape
+        # Undo the keys' rotation at the query position.
+        out = _rope(out, self._inverse_freqs, rows.shift).transpose(0, 2, 1, 3)
         out = out.reshape(batch * length, self.o_groups, 1, -1)
         out = self.wo_a(out, self._group_ids)
         return self.wo_b(out.reshape(batch, length, -1))
 
-    def _attend(
-        self,
-        x: mx.array,
-        qr: mx.array,
-        q: mx.array,
-        kv: mx.array,
-        cache: WindowCompressorCache,
-    ) -> mx.array:
-        """Attention of the rows of one cache, before the output projection."""
-        batch, length, _ = x.shape
-        offset = cache.offset
-        q = _apply_rope(q, self.rope, rope_dim=self.rope_dim, offset=offset)
-        kv = _apply_rope(kv, self.rope, rope_dim=self.rope_dim, offset=offset)
 
-        # Window keys: the kept rows, then the new ones.
-        window = cache.window.update_and_fetch(kv)
-        q_pos = offset + mx.arange(length)[:, None]
-        k_pos = offset - (window.shape[1] - length) + mx.arange(window.shape[1])
-        mask = (k_pos <= q_pos) & (k_pos > q_pos - self.window)
-        q = q.astype(mx.float32).transpose(0, 2, 1, 3)
-        window = window.astype(mx.float32)[:, None]
-        scores = [mx.where(mask, (q @ window.swapaxes(-1, -2)) * self.scale, -mx.inf)]
-
-        # Compressed keys: all visible entries (HCA) or the indexer's top-k (CSA).
-        pool = picked = None
-        if self.kind != SLIDING:
-            pool = self.compressor(x, self.rope, cache.compressor)
-        if self.kind == CSA:
-            chosen = self.indexer(x, qr, self.rope, offset, cache.indexer)
-            if chosen is not None:
-                picked = _gather_rows(pool, chosen).astype(mx.float32)
-                s = (q.transpose(0, 2, 1, 3) @ picked.swapaxes(-1, -2)) * self.scale
-                s = s.transpose(0, 2, 1, 3)
-                scores.append(mx.where((chosen >= 0)[:, None], s, -mx.inf))
-        elif pool is not None:
-            pool = pool.astype(mx.float32)[:, None]
-            visible = (q_pos + 1) // self.compressor.ratio
-            s = (q @ pool.swapaxes(-1, -2)) * self.scale
-            scores.append(mx.where(mx.arange(pool.shape[2]) < visible, s, -mx.inf))
-
-        # The sink takes part in the softmax only.
-        sink = mx.broadcast_to(
-            self.attn_sink.astype(mx.float32)[:, None, None],
-            (batch, self.n_heads, length, 1),
+@lru_cache
+def _compiled_collapse(hc: int, iters: int, hc_eps: float, norm_eps: float):
+    def collapse(streams, fn, base, scale, scale_ids, eps):
+        # Upstream's mixes (its Sinkhorn kernel on Metal), given the arrays.
+        params = SimpleNamespace(
+            hc=hc,
+            iters=iters,
+            hc_eps=hc_eps,
+            norm_eps=norm_eps,
+            fn=fn,
+            base=base,
+            scale=scale,
+            _scale_ids=scale_ids,
+            _eps=eps,
         )
-        sizes = [s.shape[-1] for s in scores]
-        probs = mx.softmax(mx.concatenate([*scores, sink], axis=-1), axis=-1)
-        probs = mx.split(probs, [sizes[0], sum(sizes)], axis=-1)
-        out = probs[0] @ window
-        if picked is not None:
-            p = probs[1].transpose(0, 2, 1, 3)
-            out = out + (p @ picked).transpose(0, 2, 1, 3)
-        elif len(sizes) > 1:
-            out = out + probs[1] @ pool
-        out = out.transpose(0, 2, 1, 3).astype(x.dtype)
+        pre, post, comb = deepseek_v41.HyperConnection.__call__(params, streams)
+        return _collapse(streams, pre), post, comb
 
-        # Undo the keys' rotation at the query position.
-        return _apply_rope(
-            out, self.rope, rope_dim=self.rope_dim, offset=offset, inverse=True
-        )
+    return mx.compile(collapse)
+
+
+_compiled_expand = mx.compile(_expand)
+
+
+class HyperConnection(deepseek_v41.HyperConnection):
+    def collapse(self, streams: mx.array):
+        """The streams mixed into one, and the post and comb mixes, in one
+        compiled call."""
+        fn = _compiled_collapse(self.hc, self.iters, self.hc_eps, self.norm_eps)
+        return fn(streams, self.fn, self.base, self.scale, self._scale_ids, self._eps)
 
 
 class Gate(nn.Module):
@@ -483,18 +652,30 @@ class Gate(nn.Module):
             )
 
     def __call__(self, x: mx.array, input_ids: mx.array):
-        logits = x.astype(mx.float32) @ self.weight.astype(mx.float32).T
+        hashed = "tid2eid" in self
+        route = _compiled_gate(self.top_k, self.scale, hashed)
+        choice = self.tid2eid[input_ids] if hashed else self.e_score_correction_bias
+        return route(x, self.weight, choice)
+
+
+@lru_cache
+def _compiled_gate(top_k: int, scale: float, hashed: bool):
+    def route(x, weight, choice):
+        logits = x.astype(mx.float32) @ weight.astype(mx.float32).T
         scores = mx.sqrt(nn.softplus(logits))
-        if "tid2eid" in self:
-            inds = self.tid2eid[input_ids]
+        if hashed:
+            inds = choice
         else:
             # The bias only selects the experts.
-            biased = scores + self.e_score_correction_bias
-            inds = mx.argpartition(-biased, self.top_k - 1, axis=-1)[..., : self.top_k]
+            biased = scores + choice
+            inds = mx.argpartition(-biased, top_k - 1, axis=-1)[..., :top_k]
+        # Compiled, every input would get a gradient: indices have none.
         inds = mx.stop_gradient(inds)
         weights = mx.take_along_axis(scores, inds, axis=-1)
         weights = weights / (mx.sum(weights, axis=-1, keepdims=True) + 1e-20)
-        return inds, weights * self.scale
+        return inds, weights * scale
+
+    return mx.compile(route)
 
 
 def _freeze_hash_tables(module: nn.Module) -> None:
@@ -534,8 +715,8 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.attn = Attention(args, layer_idx)
         self.ffn = MoE(args, hashed=args.mlp_layer_types[layer_idx] == "hash_moe")
-        self.attn_norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
-        self.ffn_norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.attn_norm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.ffn_norm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.attn_hc = HyperConnection(args)
         self.ffn_hc = HyperConnection(args)
 
@@ -549,13 +730,14 @@ class DecoderLayer(nn.Module):
         h: mx.array,
         input_ids: mx.array,
         cache: WindowCompressorCache,
+        rows: Rows,
     ) -> mx.array:
-        pre, post, comb = self.attn_hc(h)
-        x = self.attn(self.attn_norm(_collapse(h, pre)), cache)
-        h = _expand(x, h, post, comb)
-        pre, post, comb = self.ffn_hc(h)
-        x = self.ffn(self.ffn_norm(_collapse(h, pre)), input_ids)
-        return _expand(x, h, post, comb)
+        x, post, comb = self.attn_hc.collapse(h)
+        x = self.attn(self.attn_norm(x), cache, rows)
+        h = _compiled_expand(x, h, post, comb)
+        x, post, comb = self.ffn_hc.collapse(h)
+        x = self.ffn(self.ffn_norm(x), input_ids)
+        return _compiled_expand(x, h, post, comb)
 
 
 class HyperHead(nn.Module):
@@ -575,13 +757,7 @@ class HyperHead(nn.Module):
 
 
 def _cache_arrays(cache: List[WindowCompressorCache]) -> List[mx.array]:
-    return [
-        v
-        for layer_cache in cache
-        for c in layer_cache.caches
-        for v in vars(c).values()
-        if isinstance(v, mx.array)
-    ]
+    return [a for c in cache for a in c.cache_arrays()]
 
 
 class DeepseekV4Model(nn.Module):
@@ -591,7 +767,7 @@ class DeepseekV4Model(nn.Module):
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = [DecoderLayer(args, i) for i in range(args.num_hidden_layers)]
         self.hc_head = HyperHead(args)
-        self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.norm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
     def __call__(
         self, inputs: mx.array, cache: List[WindowCompressorCache]
@@ -599,8 +775,10 @@ class DeepseekV4Model(nn.Module):
         h = self.embed_tokens(inputs)
         batch, length, dims = h.shape
         h = mx.broadcast_to(h[:, :, None], (batch, length, self.hc_mult, dims))
+        positions = [c.positions(batch, length) for c in cache]
+        rows = Rows(*positions[0], length)
         for layer, layer_cache in zip(self.layers, cache):
-            h = layer(h, inputs, layer_cache)
+            h = layer(h, inputs, layer_cache, rows)
         out = self.norm(self.hc_head(h))
         # Evaluating the output also materializes every cache array, so no
         # cache field keeps a growing lazy graph, without a host sync.
@@ -758,8 +936,14 @@ class Model(nn.Module):
             caches.append(
                 WindowCompressorCache(
                     SharedWindowCache(self.args.sliding_window),
-                    compressor=CompressorCache(ratio) if kind != SLIDING else None,
-                    indexer=CompressorCache(ratio) if kind == CSA else None,
+                    compressor=(
+                        CompressorCache(ratio, overlap=kind == CSA)
+                        if kind != SLIDING
+                        else None
+                    ),
+                    indexer=(
+                        CompressorCache(ratio, overlap=True) if kind == CSA else None
+                    ),
                 )
             )
         return caches
