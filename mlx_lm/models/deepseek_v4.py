@@ -242,14 +242,16 @@ class Rows:
         return mx.where(keep, self.pos % size, size)
 
     @_memoize
-    def window_mask(self, window):
-        """Which keys of ``SharedWindowCache.update_and_fetch`` (the buffer,
-        then the new rows) each query sees [B, L, window + 1 + L]."""
-        s = mx.arange(window + 1)
+    def window_mask(self, sizes):
+        """Which keys of ``SharedWindowCache.update_and_fetch`` (the buffer
+        of ``capacity`` slots and one more, then the new rows) each query of
+        a sliding ``window`` sees [B, L, capacity + 1 + L]."""
+        window, capacity = sizes
+        s = mx.arange(capacity + 1)
         # Slot s holds the last position before the new tokens that is s mod
-        # window; the extra slot nothing.
-        kept = s + window * ((self.offset - 1 - s) // window)
-        kept = mx.where(s < window, kept, -1)
+        # capacity; the extra slot nothing.
+        kept = s + capacity * ((self.offset - 1 - s) // capacity)
+        kept = mx.where(s < capacity, kept, -1)
         keys = mx.concatenate([kept, mx.where(self.real, self.pos, -1)], axis=1)
         keys, q = keys[:, None], self.pos[..., None]
         return (keys >= 0) & (keys <= q) & (keys > q - window)
@@ -446,8 +448,9 @@ class Attention(nn.Module):
         # each query masked to what it sees, with the sink in the softmax.
         # The prompt's queries attend to the whole visible pool, CSA masked
         # to each query's top-k; a decoded token attends to its top-k rows.
-        keys = [cache.window.update_and_fetch(kv, rows.slots(self.window))]
-        mask = [rows.window_mask(self.window)]
+        capacity = cache.window.capacity
+        keys = [cache.window.update_and_fetch(kv, rows.slots(capacity))]
+        mask = [rows.window_mask((self.window, capacity))]
         if self.kind != SLIDING:
             pool = self.compressor(x, cache.compressor, rows)
             n, visible = rows.entries(self.compressor.ratio)
