@@ -1,0 +1,116 @@
+# Copyright © 2026 Apple Inc.
+
+import copy
+import unittest
+
+import mlx.core as mx
+from test_deepseek_v4 import make_tiny_model, max_diff
+
+from mlx_lm.models.cache import (
+    TRIM_HISTORY,
+    BatchWindowCompressorCache,
+    make_prompt_cache,
+    trim_prompt_cache,
+)
+
+# Decoded tokens before the trims: the window (32) wraps and the trims below
+# cross CSA (4) and HCA (16) window boundaries: the caches sit at 100 tokens.
+PROMPT = 40
+DECODED = 60
+AFTER = 5
+TRIMS = (1, 3, 4, 5, 15, 16, 17, 21, 31, TRIM_HISTORY)
+
+
+def decode(model, cache, tokens):
+    """Logits of each token [B, T, V], fed one at a time."""
+    out = []
+    for t in range(tokens.shape[1]):
+        out.append(model(tokens[:, t : t + 1], cache=cache))
+        mx.eval(out[-1])
+    return mx.concatenate(out, axis=1)
+
+
+class TestDeepseekV4Trim(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.model = make_tiny_model()
+        mx.random.seed(11)
+        cls.prompts = [
+            mx.random.randint(2, 300, (1, n)) for n in (PROMPT, PROMPT - 13)
+        ]
+        cls.tokens = mx.random.randint(2, 300, (2, DECODED + AFTER))
+
+    def prefilled(self, batched):
+        caches = []
+        for prompt in self.prompts[: 2 if batched else 1]:
+            cache = make_prompt_cache(self.model)
+            mx.eval(self.model(prompt, cache=cache))
+            caches.append(cache)
+        if not batched:
+            return caches[0]
+        return [BatchWindowCompressorCache.merge(c) for c in zip(*caches)]
+
+    def check_trims_are_exact(self, batched):
+        model = self.model
+        tokens = self.tokens[: 2 if batched else 1]
+        reference = decode(model, self.prefilled(batched), tokens)
+        cache = self.prefilled(batched)
+        decode(model, cache, tokens[:, :DECODED])
+        for n in TRIMS:
+            with self.subTest(n=n):
+                trimmed = copy.deepcopy(cache)
+                self.assertEqual(trim_prompt_cache(trimmed, n), n)
+                again = decode(model, trimmed, tokens[:, DECODED - n :])
+                diff = max_diff(again, reference[:, DECODED - n :])
+                self.assertLess(diff, 1e-6)
+
+        # The trimmed tokens again as one forward, as speculative decoding
+        # verifies drafts, against a cache that never had them.
+        for n in (5, 17):
+            with self.subTest(chunk=n):
+                expected = self.prefilled(batched)
+                decode(model, expected, tokens[:, : DECODED - n])
+                chunk = tokens[:, DECODED - n : DECODED + 1]
+                expected = model(chunk, cache=expected)
+                trimmed = copy.deepcopy(cache)
+                self.assertEqual(trim_prompt_cache(trimmed, n), n)
+                diff = max_diff(model(chunk, cache=trimmed), expected)
+                self.assertLess(diff, 1e-6)
+
+    def test_trimmed_tokens_decode_as_if_never_decoded(self):
+        self.check_trims_are_exact(batched=False)
+
+    def test_trimmed_tokens_decode_as_if_never_decoded_batched(self):
+        self.check_trims_are_exact(batched=True)
+
+    def test_trim_past_the_history_trims_nothing(self):
+        model = self.model
+        for batched in (False, True):
+            with self.subTest(batched=batched):
+                tokens = self.tokens[: 2 if batched else 1]
+                cache = self.prefilled(batched)
+                decode(model, cache, tokens[:, :40])
+                sizes = [c.size() for c in cache]
+                self.assertTrue(all(c.is_trimmable() for c in cache))
+                self.assertEqual(trim_prompt_cache(cache, TRIM_HISTORY + 1), 0)
+                self.assertEqual([c.size() for c in cache], sizes)
+
+                # Trims add up until the tokens are decoded again.
+                self.assertEqual(trim_prompt_cache(cache, 20), 20)
+                self.assertEqual(trim_prompt_cache(cache, TRIM_HISTORY - 19), 0)
+                self.assertEqual(trim_prompt_cache(cache, TRIM_HISTORY - 20), 12)
+                decode(model, cache, tokens[:, 8:20])
+                self.assertEqual(trim_prompt_cache(cache, 13), 0)
+                self.assertEqual(trim_prompt_cache(cache, 12), 12)
+                decode(model, cache, tokens[:, 8:40])
+                self.assertEqual(trim_prompt_cache(cache, TRIM_HISTORY), 32)
+                self.assertEqual([c.size() for c in cache], [s - 32 for s in sizes])
+
+    def test_history_is_counted_in_nbytes(self):
+        cache = self.prefilled(batched=False)
+        window = cache[0].window
+        self.assertEqual(window.kv.shape[1], 32 + TRIM_HISTORY + 1)
+        self.assertEqual(cache[0].nbytes, window.kv.nbytes)
+        compressor = cache[1].compressor
+        self.assertEqual(compressor.kv.shape[1], 8 + TRIM_HISTORY + 1)
