@@ -1,14 +1,19 @@
 # Copyright © 2026 Apple Inc.
 
 import copy
+import tempfile
 import unittest
 
 import mlx.core as mx
-from test_deepseek_v4 import make_tiny_model, max_diff
+from mlx_lm.generate import speculative_generate_step, stream_generate
+from mlx_lm.utils import load
+from test_deepseek_v4 import make_tiny_model, make_tiny_model_folder, max_diff
+from test_deepseek_v4_cache_graph import GRAPH_BOUND, max_cache_graph
 
 from mlx_lm.models.cache import (
     TRIM_HISTORY,
     BatchWindowCompressorCache,
+    LRUPromptCache,
     make_prompt_cache,
     trim_prompt_cache,
 )
@@ -114,3 +119,84 @@ class TestDeepseekV4Trim(unittest.TestCase):
         self.assertEqual(cache[0].nbytes, window.kv.nbytes)
         compressor = cache[1].compressor
         self.assertEqual(compressor.kv.shape[1], 8 + TRIM_HISTORY + 1)
+
+
+class TestDeepseekV4SpeculativeAndPromptCache(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory()
+        cls.model, cls.tokenizer = load(make_tiny_model_folder(cls.dir.name))
+        # The model with noise in its head drafts, so some drafts are rejected.
+        cls.draft, _ = load(cls.dir.name)
+        mx.random.seed(12)
+        head = cls.draft.lm_head
+        head.weight = head.weight + 0.1 * mx.random.normal(head.weight.shape)
+        cls.prompt = mx.random.randint(2, 300, (37,)).tolist()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.dir.cleanup()
+
+    def generate(self, **kwargs):
+        steps = stream_generate(
+            self.model, self.tokenizer, self.prompt, max_tokens=40, **kwargs
+        )
+        return [(r.token, r.from_draft) for r in steps]
+
+    def test_speculative_decoding_gives_the_greedy_tokens(self):
+        expected = [t for t, _ in self.generate()]
+        for draft, k in ((self.draft, 3), (self.draft, 16), (self.model, 16)):
+            with self.subTest(same=draft is self.model, k=k):
+                out = self.generate(draft_model=draft, num_draft_tokens=k)
+                self.assertEqual([t for t, _ in out], expected)
+                drafted = sum(d for _, d in out)
+                self.assertGreater(drafted, 0)
+                if draft is self.draft:
+                    self.assertLess(drafted, len(out) - 1)
+
+    def test_speculative_decoding_past_the_history_raises(self):
+        with self.assertRaisesRegex(ValueError, "fewer draft tokens"):
+            self.generate(draft_model=self.draft, num_draft_tokens=40)
+
+    def test_cache_graph_stays_bounded_in_speculative_decoding(self):
+        cache = make_prompt_cache(self.model) + make_prompt_cache(self.draft)
+        steps = speculative_generate_step(
+            mx.array(self.prompt),
+            self.model,
+            self.draft,
+            num_draft_tokens=5,
+            max_tokens=200,
+            prompt_cache=cache,
+        )
+        worst = []
+        for n, _ in enumerate(steps, 1):
+            if n % 10 == 0:
+                worst.append(max_cache_graph(cache))
+        self.assertEqual(len(worst), 20)
+        self.assertLessEqual(max(worst), GRAPH_BOUND)
+
+    def test_prompt_cache_reuses_the_common_prefix_of_an_edited_prompt(self):
+        model = self.model
+        mx.random.seed(13)
+        stored = mx.random.randint(2, 300, (53,)).tolist()
+
+        def prefilled(tokens):
+            cache = make_prompt_cache(model)
+            mx.eval(model(mx.array(tokens)[None], cache=cache))
+            return cache
+
+        lru = LRUPromptCache()
+        lru.insert_cache("m", stored[:10], prefilled(stored[:10]))
+        lru.insert_cache("m", stored, prefilled(stored))
+        # The stored entry cannot trim back to the 10-token prefix.
+        self.assertEqual(len(lru), 2)
+        for shared, reused in ((33, 33), (15, 10)):
+            with self.subTest(shared=shared):
+                edited = stored[:shared] + [1 + t for t in stored[shared:]]
+                cache, rest = lru.fetch_nearest_cache("m", edited)
+                self.assertEqual(cache[0].size(), reused)
+                self.assertEqual(rest, edited[reused:])
+                logits = model(mx.array(rest)[None], cache=cache)
+                expected = model(mx.array(rest)[None], cache=prefilled(edited[:reused]))
+                self.assertLess(max_diff(logits, expected), 1e-6)
