@@ -41,9 +41,7 @@ class TestDeepseekV4Trim(unittest.TestCase):
     def setUpClass(cls):
         cls.model = make_tiny_model()
         mx.random.seed(11)
-        cls.prompts = [
-            mx.random.randint(2, 300, (1, n)) for n in (PROMPT, PROMPT - 13)
-        ]
+        cls.prompts = [mx.random.randint(2, 300, (1, n)) for n in (PROMPT, PROMPT - 13)]
         cls.tokens = mx.random.randint(2, 300, (2, DECODED + AFTER))
 
     def prefilled(self, batched):
