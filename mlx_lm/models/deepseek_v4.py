@@ -257,6 +257,20 @@ class Rows:
         return (keys >= 0) & (keys <= q) & (keys > q - window)
 
     @_memoize
+    def window_rows(self, sizes):
+        """For each query, the indices of its window's keys in the keys of
+        ``SharedWindowCache.update_and_fetch`` (``capacity`` slots and one
+        more, then the new rows) [B, L, window], and which of them exist."""
+        window, capacity = sizes
+        pos = self.pos[..., None] - window + 1 + mx.arange(window)
+        offset, start = self.offset[..., None], self.start[..., None]
+        index = mx.where(
+            pos >= offset, capacity + 1 + pos - offset + start, pos % capacity
+        )
+        index = mx.minimum(index, capacity + self.length)
+        return index, pos >= 0
+
+    @_memoize
     def entries(self, ratio):
         """How many entries of each ratio the rows have after the forward
         (the most of any row), and how many each query sees [B, L]."""
@@ -445,29 +459,26 @@ class Attention(nn.Module):
         kv = _rope(self.kv_norm(self.wkv(x)), self._freqs, rows.shift)
 
         # One attention over the keys of the window and the compressed keys,
-        # each query masked to what it sees, with the sink in the softmax.
-        # The prompt's queries attend to the whole visible pool, CSA masked
-        # to each query's top-k; a decoded token attends to its top-k rows.
-        capacity = cache.window.capacity
-        keys = [cache.window.update_and_fetch(kv, rows.slots(capacity))]
-        mask = [rows.window_mask((self.window, capacity))]
+        # each query masked to what it sees, with the sink in the softmax:
+        # the whole visible HCA pool, or a CSA query's top-k entries. A
+        # decoded token gathers its top-k rows; a prompt's queries, which
+        # each pick others, gather their window and top-k rows (attending
+        # to the whole pool, masked, grows with the context).
+        sizes = self.window, cache.window.capacity
+        window = cache.window.update_and_fetch(kv, rows.slots(sizes[1]))
+        keys, mask = [window], [rows.window_mask(sizes)]
+        chosen = None
         if self.kind != SLIDING:
             pool = self.compressor(x, cache.compressor, rows)
             n, visible = rows.entries(self.compressor.ratio)
-            chosen = None
             if self.kind == CSA:
                 chosen = self.indexer(x, qr, cache.indexer, rows)
             if chosen is not None:
                 seen = chosen < visible[..., None]
-                if length == 1:
-                    keys.append(mx.take_along_axis(pool, chosen[:, 0, :, None], 1))
-                    mask.append(seen)
-                else:
-                    picked = mx.where(seen, chosen, n)
-                    admit = mx.zeros((batch, length, n + 1), dtype=mx.bool_)
-                    admit = mx.put_along_axis(admit, picked, mx.array(True), -1)
-                    keys.append(pool[:, :n])
-                    mask.append(admit[..., :n])
+                if length > 1:
+                    return self._sparse(q, x, window, pool, chosen, seen, rows)
+                keys.append(mx.take_along_axis(pool, chosen[:, 0, :, None], 1))
+                mask.append(seen)
             elif n > 0:
                 keys.append(pool[:, :n])
                 mask.append(mx.arange(n) < visible[..., None])
@@ -481,6 +492,37 @@ class Attention(nn.Module):
             mask=mask,
             sinks=self.attn_sink.astype(q.dtype),
         )
+        return self._output(out, rows)
+
+    def _sparse(self, q, x, window, pool, chosen, seen, rows):
+        """Attention of queries that each attend to their own window rows and
+        top-k entries (the rows gathered in the model's dtype)."""
+        batch, heads, length, dims = q.shape
+        # The buffer keeps ``capacity`` slots and one more before the rows.
+        capacity = window.shape[1] - 1 - length
+        index, valid = rows.window_rows((self.window, capacity))
+        keys = mx.concatenate(
+            [
+                mx.take_along_axis(window[:, None], index[..., None], axis=2),
+                mx.take_along_axis(pool[:, None], chosen[..., None], axis=2),
+            ],
+            axis=2,
+        )
+        mask = mx.concatenate([valid, seen], axis=-1)
+        q = q.transpose(0, 2, 1, 3).reshape(batch * length, heads, 1, dims)
+        out = mx.fast.scaled_dot_product_attention(
+            q,
+            keys.reshape(batch * length, 1, -1, dims),
+            keys.reshape(batch * length, 1, -1, dims),
+            scale=self.scale,
+            mask=mask.reshape(batch * length, 1, 1, -1),
+            sinks=self.attn_sink.astype(q.dtype),
+        )
+        out = out.reshape(batch, length, heads, dims).transpose(0, 2, 1, 3)
+        return self._output(out, rows)
+
+    def _output(self, out: mx.array, rows: Rows) -> mx.array:
+        batch, _, length, _ = out.shape
         # Undo the keys' rotation at the query position.
         out = _rope(out, self._inverse_freqs, rows.shift).transpose(0, 2, 1, 3)
         out = out.reshape(batch * length, self.o_groups, 1, -1)
