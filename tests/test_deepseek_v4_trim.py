@@ -179,14 +179,18 @@ class TestDeepseekV4SpeculativeAndPromptCache(unittest.TestCase):
         mx.random.seed(13)
         stored = mx.random.randint(2, 300, (53,)).tolist()
 
-        def prefilled(tokens):
+        def prefilled(tokens, chunk=None):
             cache = make_prompt_cache(model)
-            mx.eval(model(mx.array(tokens)[None], cache=cache))
+            chunk = chunk or len(tokens)
+            for i in range(0, len(tokens), chunk):
+                mx.eval(model(mx.array(tokens[i : i + chunk])[None], cache=cache))
             return cache
 
         lru = LRUPromptCache()
         lru.insert_cache("m", stored[:10], prefilled(stored[:10]))
-        lru.insert_cache("m", stored, prefilled(stored))
+        # Prefilled 33 tokens at a time: the trimmed cache then holds what a
+        # prefill of the 33 shared tokens does, bit for bit.
+        lru.insert_cache("m", stored, prefilled(stored, 33))
         # The stored entry cannot trim back to the 10-token prefix.
         self.assertEqual(len(lru), 2)
         for shared, reused in ((33, 33), (15, 10)):
