@@ -305,6 +305,16 @@ class Rows:
         return first, closed, pos, idx
 
 
+@lru_cache
+def _compiled_rms_norm(eps: float):
+    return mx.compile(lambda x, weight: mx.fast.rms_norm(x, weight, eps))
+
+
+class RMSNorm(nn.RMSNorm):
+    def __call__(self, x: mx.array) -> mx.array:
+        return _compiled_rms_norm(self.eps)(x, self.weight)
+
+
 class Compressor(nn.Module):
     def __init__(self, args: ModelArgs, ratio: int, head_dim: int, overlap: bool):
         super().__init__()
@@ -419,12 +429,12 @@ class Attention(nn.Module):
         self.scale = args.head_dim**-0.5
         self.o_groups = args.o_groups
         self.wq_a = nn.Linear(args.hidden_size, args.q_lora_rank, bias=False)
-        self.q_norm = nn.RMSNorm(args.q_lora_rank, eps=args.rms_norm_eps)
+        self.q_norm = RMSNorm(args.q_lora_rank, eps=args.rms_norm_eps)
         self.wq_b = nn.Linear(
             args.q_lora_rank, self.n_heads * self.head_dim, bias=False
         )
         self.wkv = nn.Linear(args.hidden_size, self.head_dim, bias=False)
-        self.kv_norm = nn.RMSNorm(self.head_dim, eps=args.rms_norm_eps)
+        self.kv_norm = RMSNorm(self.head_dim, eps=args.rms_norm_eps)
         # One projection per group of heads: [o_groups, o_lora_rank, group dims].
         self.wo_a = SwitchLinear(
             self.n_heads * self.head_dim // args.o_groups,
@@ -633,8 +643,8 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.attn = Attention(args, layer_idx)
         self.ffn = MoE(args, hashed=args.mlp_layer_types[layer_idx] == "hash_moe")
-        self.attn_norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
-        self.ffn_norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.attn_norm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.ffn_norm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.attn_hc = HyperConnection(args)
         self.ffn_hc = HyperConnection(args)
 
@@ -680,7 +690,7 @@ class DeepseekV4Model(nn.Module):
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = [DecoderLayer(args, i) for i in range(args.num_hidden_layers)]
         self.hc_head = HyperHead(args)
-        self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.norm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
     def __call__(
         self, inputs: mx.array, cache: List[WindowCompressorCache]
