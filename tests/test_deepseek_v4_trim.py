@@ -14,7 +14,9 @@ from mlx_lm.models.cache import (
     TRIM_HISTORY,
     BatchWindowCompressorCache,
     LRUPromptCache,
+    load_prompt_cache,
     make_prompt_cache,
+    save_prompt_cache,
     trim_prompt_cache,
 )
 
@@ -109,6 +111,19 @@ class TestDeepseekV4Trim(unittest.TestCase):
                 decode(model, cache, tokens[:, 8:40])
                 self.assertEqual(trim_prompt_cache(cache, TRIM_HISTORY), 32)
                 self.assertEqual([c.size() for c in cache], [s - 32 for s in sizes])
+
+    def test_saved_cache_keeps_what_it_can_trim(self):
+        for batched in (False, True):
+            with self.subTest(batched=batched):
+                cache = self.prefilled(batched)
+                decode(self.model, cache, self.tokens[: 2 if batched else 1, :20])
+                self.assertEqual(trim_prompt_cache(cache, 20), 20)
+                with tempfile.TemporaryDirectory() as d:
+                    save_prompt_cache(f"{d}/c.safetensors", cache)
+                    loaded = load_prompt_cache(f"{d}/c.safetensors")
+                self.assertEqual([c.size() for c in loaded], [c.size() for c in cache])
+                self.assertEqual(trim_prompt_cache(loaded, 13), 0)
+                self.assertEqual(trim_prompt_cache(loaded, 12), 12)
 
     def test_history_is_counted_in_nbytes(self):
         cache = self.prefilled(batched=False)
