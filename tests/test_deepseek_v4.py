@@ -20,6 +20,7 @@ from mlx_lm import tuner
 from mlx_lm.chat_templates.deepseek_v4 import special_tokens
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
+    TRIM_HISTORY,
     CompressorCache,
     SharedWindowCache,
     WindowCompressorCache,
@@ -490,11 +491,13 @@ class TestDeepseekV4Numerics(unittest.TestCase):
         self.assertMatchesRecord(mx.concatenate(outs, axis=1))
 
     def test_sliding_window_is_a_fixed_buffer(self):
-        # A ring of window rows plus the slot that takes rows not kept.
+        # A ring of the window's rows and the rows a trim may take back,
+        # plus the slot that takes rows not kept.
         model = make_tiny_model()
         args = model.args
         self.assertEqual(args.layer_types[0], "sliding_attention")
-        size = (args.sliding_window + 1) * args.head_dim * mx.float32.size
+        rows = args.sliding_window + TRIM_HISTORY + 1
+        size = rows * args.head_dim * mx.float32.size
         cache = model.make_cache()
         for length in (10, 100, 1, 1, 1):
             mx.eval(model(mx.zeros((1, length), dtype=mx.int32), cache))

@@ -314,27 +314,32 @@ class Rows:
         return mx.where(keep, self.pos % size, size)
 
     @_memoize
-    def window_mask(self, window):
-        """Which keys of ``SharedWindowCache.update_and_fetch`` (the buffer,
-        then the new rows) each query sees [B, L, window + 1 + L]."""
-        s = mx.arange(window + 1)
+    def window_mask(self, sizes):
+        """Which keys of ``SharedWindowCache.update_and_fetch`` (the buffer
+        of ``capacity`` slots and one more, then the new rows) each query of
+        a sliding ``window`` sees [B, L, capacity + 1 + L]."""
+        window, capacity = sizes
+        s = mx.arange(capacity + 1)
         # Slot s holds the last position before the new tokens that is s mod
-        # window; the extra slot nothing.
-        kept = s + window * ((self.offset - 1 - s) // window)
-        kept = mx.where(s < window, kept, -1)
+        # capacity; the extra slot nothing.
+        kept = s + capacity * ((self.offset - 1 - s) // capacity)
+        kept = mx.where(s < capacity, kept, -1)
         keys = mx.concatenate([kept, mx.where(self.real, self.pos, -1)], axis=1)
         keys, q = keys[:, None], self.pos[..., None]
         return (keys >= 0) & (keys <= q) & (keys > q - window)
 
     @_memoize
-    def window_rows(self, window):
+    def window_rows(self, sizes):
         """For each query, the indices of its window's keys in the keys of
-        ``SharedWindowCache.update_and_fetch`` [B, L, window], and which of
-        them exist."""
+        ``SharedWindowCache.update_and_fetch`` (``capacity`` slots and one
+        more, then the new rows) [B, L, window], and which of them exist."""
+        window, capacity = sizes
         pos = self.pos[..., None] - window + 1 + mx.arange(window)
         offset, start = self.offset[..., None], self.start[..., None]
-        index = mx.where(pos >= offset, window + 1 + pos - offset + start, pos % window)
-        index = mx.minimum(index, window + self.length)
+        index = mx.where(
+            pos >= offset, capacity + 1 + pos - offset + start, pos % capacity
+        )
+        index = mx.minimum(index, capacity + self.length)
         return index, pos >= 0
 
     @_memoize
@@ -541,8 +546,9 @@ class Attention(nn.Module):
         # decoded token gathers its top-k rows; a prompt's queries, which
         # each pick others, gather their window and top-k rows (attending
         # to the whole pool, masked, grows with the context).
-        window = cache.window.update_and_fetch(kv, rows.slots(self.window))
-        keys, mask = [window], [rows.window_mask(self.window)]
+        sizes = self.window, cache.window.capacity
+        window = cache.window.update_and_fetch(kv, rows.slots(sizes[1]))
+        keys, mask = [window], [rows.window_mask(sizes)]
         chosen = None
         if self.kind != SLIDING:
             pool = self.compressor(x, cache.compressor, rows)
@@ -574,7 +580,9 @@ class Attention(nn.Module):
         """Attention of queries that each attend to their own window rows and
         top-k entries (the rows gathered in the model's dtype)."""
         batch, heads, length, dims = q.shape
-        index, valid = rows.window_rows(self.window)
+        # The buffer keeps ``capacity`` slots and one more before the rows.
+        capacity = window.shape[1] - 1 - length
+        index, valid = rows.window_rows((self.window, capacity))
         keys = mx.concatenate(
             [
                 mx.take_along_axis(window[:, None], index[..., None], axis=2),

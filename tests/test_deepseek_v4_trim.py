@@ -1,0 +1,219 @@
+# Copyright © 2026 Apple Inc.
+
+import copy
+import tempfile
+import unittest
+
+import mlx.core as mx
+from mlx_lm.generate import speculative_generate_step, stream_generate
+from mlx_lm.utils import load
+from test_deepseek_v4 import make_tiny_model, make_tiny_model_folder, max_diff
+from test_deepseek_v4_cache_graph import GRAPH_BOUND, max_cache_graph
+
+from mlx_lm.models.cache import (
+    TRIM_HISTORY,
+    BatchWindowCompressorCache,
+    LRUPromptCache,
+    load_prompt_cache,
+    make_prompt_cache,
+    save_prompt_cache,
+    trim_prompt_cache,
+)
+
+# Decoded tokens before the trims: the window (32) wraps and the trims below
+# cross CSA (4) and HCA (16) window boundaries: the caches sit at 100 tokens.
+PROMPT = 40
+DECODED = 60
+AFTER = 5
+TRIMS = (1, 3, 4, 5, 15, 16, 17, 21, 31, TRIM_HISTORY)
+
+
+def decode(model, cache, tokens):
+    """Logits of each token [B, T, V], fed one at a time."""
+    out = []
+    for t in range(tokens.shape[1]):
+        out.append(model(tokens[:, t : t + 1], cache=cache))
+        mx.eval(out[-1])
+    return mx.concatenate(out, axis=1)
+
+
+class TestDeepseekV4Trim(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.model = make_tiny_model()
+        mx.random.seed(11)
+        cls.prompts = [mx.random.randint(2, 300, (1, n)) for n in (PROMPT, PROMPT - 13)]
+        cls.tokens = mx.random.randint(2, 300, (2, DECODED + AFTER))
+
+    def prefilled(self, batched):
+        caches = []
+        for prompt in self.prompts[: 2 if batched else 1]:
+            cache = make_prompt_cache(self.model)
+            mx.eval(self.model(prompt, cache=cache))
+            caches.append(cache)
+        if not batched:
+            return caches[0]
+        return [BatchWindowCompressorCache.merge(c) for c in zip(*caches)]
+
+    def check_trims_are_exact(self, batched):
+        model = self.model
+        tokens = self.tokens[: 2 if batched else 1]
+        reference = decode(model, self.prefilled(batched), tokens)
+        cache = self.prefilled(batched)
+        decode(model, cache, tokens[:, :DECODED])
+        for n in TRIMS:
+            with self.subTest(n=n):
+                trimmed = copy.deepcopy(cache)
+                self.assertEqual(trim_prompt_cache(trimmed, n), n)
+                again = decode(model, trimmed, tokens[:, DECODED - n :])
+                diff = max_diff(again, reference[:, DECODED - n :])
+                self.assertLess(diff, 1e-6)
+
+        # The trimmed tokens again as one forward, as speculative decoding
+        # verifies drafts, against a cache that never had them.
+        for n in (5, 17):
+            with self.subTest(chunk=n):
+                expected = self.prefilled(batched)
+                decode(model, expected, tokens[:, : DECODED - n])
+                chunk = tokens[:, DECODED - n : DECODED + 1]
+                expected = model(chunk, cache=expected)
+                trimmed = copy.deepcopy(cache)
+                self.assertEqual(trim_prompt_cache(trimmed, n), n)
+                diff = max_diff(model(chunk, cache=trimmed), expected)
+                self.assertLess(diff, 1e-6)
+
+    def test_trimmed_tokens_decode_as_if_never_decoded(self):
+        self.check_trims_are_exact(batched=False)
+
+    def test_trimmed_tokens_decode_as_if_never_decoded_batched(self):
+        self.check_trims_are_exact(batched=True)
+
+    def test_trim_past_the_history_trims_nothing(self):
+        model = self.model
+        for batched in (False, True):
+            with self.subTest(batched=batched):
+                tokens = self.tokens[: 2 if batched else 1]
+                cache = self.prefilled(batched)
+                decode(model, cache, tokens[:, :40])
+                sizes = [c.size() for c in cache]
+                self.assertTrue(all(c.is_trimmable() for c in cache))
+                self.assertEqual(trim_prompt_cache(cache, TRIM_HISTORY + 1), 0)
+                self.assertEqual([c.size() for c in cache], sizes)
+
+                # Trims add up until the tokens are decoded again.
+                self.assertEqual(trim_prompt_cache(cache, 20), 20)
+                self.assertEqual(trim_prompt_cache(cache, TRIM_HISTORY - 19), 0)
+                self.assertEqual(trim_prompt_cache(cache, TRIM_HISTORY - 20), 12)
+                decode(model, cache, tokens[:, 8:20])
+                self.assertEqual(trim_prompt_cache(cache, 13), 0)
+                self.assertEqual(trim_prompt_cache(cache, 12), 12)
+                decode(model, cache, tokens[:, 8:40])
+                self.assertEqual(trim_prompt_cache(cache, TRIM_HISTORY), 32)
+                self.assertEqual([c.size() for c in cache], [s - 32 for s in sizes])
+
+    def test_saved_cache_keeps_what_it_can_trim(self):
+        for batched in (False, True):
+            with self.subTest(batched=batched):
+                cache = self.prefilled(batched)
+                decode(self.model, cache, self.tokens[: 2 if batched else 1, :20])
+                self.assertEqual(trim_prompt_cache(cache, 20), 20)
+                with tempfile.TemporaryDirectory() as d:
+                    save_prompt_cache(f"{d}/c.safetensors", cache)
+                    loaded = load_prompt_cache(f"{d}/c.safetensors")
+                self.assertEqual([c.size() for c in loaded], [c.size() for c in cache])
+                self.assertEqual(trim_prompt_cache(loaded, 13), 0)
+                self.assertEqual(trim_prompt_cache(loaded, 12), 12)
+
+    def test_history_is_counted_in_nbytes(self):
+        cache = self.prefilled(batched=False)
+        window = cache[0].window
+        self.assertEqual(window.kv.shape[1], 32 + TRIM_HISTORY + 1)
+        self.assertEqual(cache[0].nbytes, window.kv.nbytes)
+        compressor = cache[1].compressor
+        self.assertEqual(compressor.kv.shape[1], 8 + TRIM_HISTORY + 1)
+
+
+class TestDeepseekV4SpeculativeAndPromptCache(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory()
+        cls.model, cls.tokenizer = load(make_tiny_model_folder(cls.dir.name))
+        # The model with noise in its head drafts, so some drafts are rejected.
+        cls.draft, _ = load(cls.dir.name)
+        mx.random.seed(12)
+        head = cls.draft.lm_head
+        head.weight = head.weight + 0.1 * mx.random.normal(head.weight.shape)
+        cls.prompt = mx.random.randint(2, 300, (37,)).tolist()
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.dir.cleanup()
+
+    def generate(self, **kwargs):
+        steps = stream_generate(
+            self.model, self.tokenizer, self.prompt, max_tokens=40, **kwargs
+        )
+        return [(r.token, r.from_draft) for r in steps]
+
+    def test_speculative_decoding_gives_the_greedy_tokens(self):
+        expected = [t for t, _ in self.generate()]
+        for draft, k in ((self.draft, 3), (self.draft, 16), (self.model, 16)):
+            with self.subTest(same=draft is self.model, k=k):
+                out = self.generate(draft_model=draft, num_draft_tokens=k)
+                self.assertEqual([t for t, _ in out], expected)
+                drafted = sum(d for _, d in out)
+                self.assertGreater(drafted, 0)
+                if draft is self.draft:
+                    self.assertLess(drafted, len(out) - 1)
+
+    def test_speculative_decoding_past_the_history_raises(self):
+        with self.assertRaisesRegex(ValueError, "fewer draft tokens"):
+            self.generate(draft_model=self.draft, num_draft_tokens=40)
+
+    def test_cache_graph_stays_bounded_in_speculative_decoding(self):
+        cache = make_prompt_cache(self.model) + make_prompt_cache(self.draft)
+        steps = speculative_generate_step(
+            mx.array(self.prompt),
+            self.model,
+            self.draft,
+            num_draft_tokens=5,
+            max_tokens=200,
+            prompt_cache=cache,
+        )
+        worst = []
+        for n, _ in enumerate(steps, 1):
+            if n % 10 == 0:
+                worst.append(max_cache_graph(cache))
+        self.assertEqual(len(worst), 20)
+        self.assertLessEqual(max(worst), GRAPH_BOUND)
+
+    def test_prompt_cache_reuses_the_common_prefix_of_an_edited_prompt(self):
+        model = self.model
+        mx.random.seed(13)
+        stored = mx.random.randint(2, 300, (53,)).tolist()
+
+        def prefilled(tokens, chunk=None):
+            cache = make_prompt_cache(model)
+            chunk = chunk or len(tokens)
+            for i in range(0, len(tokens), chunk):
+                mx.eval(model(mx.array(tokens[i : i + chunk])[None], cache=cache))
+            return cache
+
+        lru = LRUPromptCache()
+        lru.insert_cache("m", stored[:10], prefilled(stored[:10]))
+        # Prefilled 33 tokens at a time: the trimmed cache then holds what a
+        # prefill of the 33 shared tokens does, bit for bit.
+        lru.insert_cache("m", stored, prefilled(stored, 33))
+        # The stored entry cannot trim back to the 10-token prefix.
+        self.assertEqual(len(lru), 2)
+        for shared, reused in ((33, 33), (15, 10)):
+            with self.subTest(shared=shared):
+                edited = stored[:shared] + [1 + t for t in stored[shared:]]
+                cache, rest = lru.fetch_nearest_cache("m", edited)
+                self.assertEqual(cache[0].size(), reused)
+                self.assertEqual(rest, edited[reused:])
+                logits = model(mx.array(rest)[None], cache=cache)
+                expected = model(mx.array(rest)[None], cache=prefilled(edited[:reused]))
+                self.assertLess(max_diff(logits, expected), 1e-6)
