@@ -477,6 +477,37 @@ def long_decode(args, driver):
     driver.decode(y, cache, args.long_decode, report)
 
 
+def batch_step(args, model):
+    """Decode step time of a batch of rows at different positions against
+    one row (the fork only)."""
+    prompt = parse_lengths(args.prefill)[0]
+
+    def step_ms(batch):
+        caches = []
+        for i in range(batch):
+            cache = model.make_cache()
+            tokens = mx.random.randint(2, 200, (1, prompt + 7 * i))
+            mx.eval(model(tokens, cache), cache_arrays(cache))
+            caches.append(cache)
+        if batch > 1:
+            caches = [c[0].merge(list(c)) for c in zip(*caches)]
+        else:
+            caches = caches[0]
+        y = mx.ones((batch, 1), dtype=mx.int32)
+        for _ in range(5):
+            mx.eval(model(y, caches))
+        tic = time.perf_counter()
+        for _ in range(args.steps):
+            mx.eval(model(y, caches))
+        return (time.perf_counter() - tic) / args.steps * 1e3
+
+    mx.random.seed(args.seed)
+    one = step_ms(1)
+    many = step_ms(args.batch)
+    print(f"decode step after {prompt} tokens: B=1 {one:.2f} ms, ", end="")
+    print(f"B={args.batch} {many:.2f} ms, ratio {many / one:.2f}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=6, help="43: Flash's schedule")
@@ -506,6 +537,9 @@ def main():
     )
     parser.add_argument("--report", type=int, default=4096)
     parser.add_argument(
+        "--batch", type=int, help="time a decode step of this many rows against one"
+    )
+    parser.add_argument(
         "--seconds", type=float, help="end the long decode after this long"
     )
     args = parser.parse_args()
@@ -531,6 +565,9 @@ def main():
     drivers = [Driver("fork", fork, forward_fn(fork, False), args.prefill_step)]
     if args.long_decode:
         long_decode(args, drivers[0])
+        return
+    if args.batch:
+        batch_step(args, fork)
         return
     if args.peer:
         peer = make_peer(config, weights, args.peer_exact_indexer)
