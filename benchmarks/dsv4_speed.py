@@ -29,6 +29,7 @@ import dataclasses
 import functools
 import importlib.util
 import io
+import math
 import sys
 import time
 import types
@@ -348,13 +349,9 @@ def speed(args, config, drivers, weight_bytes):
     if len(drivers) == 2:
         # The same function of the same weights, up to rounding.
         a, b = (d.forward(warmup[None], d.model.make_cache()) for d in drivers)
-        a, b = a.astype(mx.float32), b.astype(mx.float32)
-        err = (mx.abs(a - b).max() / mx.abs(b).max()).item()
-        agree = (a.argmax(-1) == b.argmax(-1)).astype(mx.float32).mean().item()
-        print(
-            f"fork vs peer logits, {warmup.size} tokens: max relative "
-            f"difference {err:.2e}, argmax agrees {agree:.1%}"
-        )
+        stats = ErrorStats()
+        stats.add(a, b)
+        print(f"fork vs peer logits, {warmup.size} tokens (peer reference): {stats}")
     results = {}
     for length in lengths:
         for d in drivers:
@@ -390,6 +387,41 @@ def speed(args, config, drivers, weight_bytes):
             print(row)
 
 
+class ErrorStats:
+    """Max relative logit error (max |a - b| / max |b| per position) and
+    argmax agreement of logits ``a`` against reference logits ``b``, over
+    calls. A position where either is not finite makes the error nan and is
+    counted, on each side."""
+
+    def __init__(self):
+        self.error, self.agree, self.n = 0.0, 0, 0
+        self.bad = [0, 0]
+
+    def add(self, a, b):
+        a, b = a.astype(mx.float32), b.astype(mx.float32)
+        bad = [mx.logical_not(mx.isfinite(x).all(axis=-1)).sum().item() for x in (a, b)]
+        self.bad = [s + n for s, n in zip(self.bad, bad)]
+        err = mx.abs(a - b).max(axis=-1) / mx.abs(b).max(axis=-1)
+        # Python's max() drops a nan that comes second, MLX's may too.
+        err = math.nan if any(bad) else err.max().item()
+        if math.isnan(err) or math.isnan(self.error):
+            self.error = math.nan
+        else:
+            self.error = max(self.error, err)
+        agree = (a.argmax(axis=-1) == b.argmax(axis=-1)).astype(mx.float32)
+        self.agree += int(agree.sum().item())
+        self.n += agree.size
+
+    def __str__(self):
+        line = (
+            f"max relative error {self.error:.3e}, argmax agrees "
+            f"{self.agree}/{self.n}"
+        )
+        if any(self.bad):
+            line += f", not finite: {self.bad[0]} positions, reference {self.bad[1]}"
+        return line
+
+
 def bf16_vs_fp32(args, config, peer):
     """Max relative logit error of bf16 against float32, same weights."""
     model16 = make_fork(config, dtype=getattr(mx, args.dtype), seed=args.seed)
@@ -412,22 +444,14 @@ def bf16_vs_fp32(args, config, peer):
     mx.random.seed(length)
     prompt = mx.random.randint(0, config["vocab_size"], (length,)).astype(mx.int32)
 
-    def error(a, b):
-        a, b = a.astype(mx.float32), b.astype(mx.float32)
-        err = mx.abs(a - b).max(axis=-1) / mx.abs(b).max(axis=-1)
-        agree = (a.argmax(axis=-1) == b.argmax(axis=-1)).astype(mx.float32)
-        return err.max().item(), agree.sum().item(), agree.size
-
     print(f"{args.dtype} vs float32: {length}-token prefill, {args.steps} decode steps")
     for name, m32, m16, is_peer in models:
         f32, f16 = forward_fn(m32, is_peer), forward_fn(m16, is_peer)
         c32, c16 = m32.make_cache(), m16.make_cache()
-        stats = {"prefill": [0.0, 0, 0], "decode": [0.0, 0, 0]}
+        stats = {"prefill": ErrorStats(), "decode": ErrorStats()}
 
         def add(phase, a, b):
-            e, agree, n = error(a, b)
-            s = stats[phase]
-            s[0], s[1], s[2] = max(s[0], e), s[1] + agree, s[2] + n
+            stats[phase].add(a, b)
 
         for i in range(0, length, args.prefill_step):
             chunk = prompt[None, i : i + args.prefill_step]
@@ -441,11 +465,8 @@ def bf16_vs_fp32(args, config, peer):
             mx.eval(l32, l16)
             add("decode", l16, l32)
             y = l32[:, -1].argmax(axis=-1)
-        for phase, (e, agree, n) in stats.items():
-            print(
-                f"  {name:5} {phase:8} max relative error {e:.3e}, "
-                f"argmax agrees {agree:.0f}/{n}"
-            )
+        for phase, s in stats.items():
+            print(f"  {name:5} {phase:8} {s}")
 
 
 def long_decode(args, driver):
