@@ -3,12 +3,14 @@
 import copy
 import tempfile
 import unittest
+from pathlib import Path
 
 import mlx.core as mx
 from mlx_lm.generate import speculative_generate_step, stream_generate
 from mlx_lm.utils import load
 from test_deepseek_v4 import make_tiny_model, make_tiny_model_folder, max_diff
 from test_deepseek_v4_cache_graph import GRAPH_BOUND, max_cache_graph
+from test_server_requests import ServerThread
 
 from mlx_lm.models.cache import (
     TRIM_HISTORY,
@@ -217,3 +219,24 @@ class TestDeepseekV4SpeculativeAndPromptCache(unittest.TestCase):
                 logits = model(mx.array(rest)[None], cache=cache)
                 expected = model(mx.array(rest)[None], cache=prefilled(edited[:reused]))
                 self.assertLess(max_diff(logits, expected), 1e-6)
+
+
+class TestDeepseekV4ServerDraftModel(unittest.TestCase):
+
+    def test_server_with_a_draft_model_gives_the_greedy_text(self):
+        body = {"prompt": "The quick brown fox", "max_tokens": 24, "temperature": 0}
+        with tempfile.TemporaryDirectory() as tmp:
+            target = make_tiny_model_folder(Path(tmp) / "target")
+            # Other weights, so the target rejects some drafts and trims.
+            draft = make_tiny_model_folder(Path(tmp) / "draft", seed=1)
+            texts = []
+            for args in ((), ("--draft-model", str(draft), "--num-draft-tokens", "4")):
+                thread = ServerThread(target, *args)
+                try:
+                    status, answer = thread.request("POST", "/v1/completions", body)
+                finally:
+                    thread.close()
+                self.assertEqual(status, 200, answer)
+                self.assertEqual(answer["usage"]["completion_tokens"], 24)
+                texts.append(answer["choices"][0]["text"])
+        self.assertEqual(texts[0], texts[1])

@@ -29,8 +29,8 @@ def make_model_provider(model_path, *args):
 class ServerThread:
     """`mlx_lm.server` on a free loopback port, in this process."""
 
-    def __init__(self, model_path):
-        provider = make_model_provider(model_path)
+    def __init__(self, model_path, *args):
+        provider = make_model_provider(model_path, *args)
         cache = server.LRUPromptCache(provider.cli_args.prompt_cache_size)
         self.generator = server.ResponseGenerator(provider, cache)
         self.httpd = ThreadingHTTPServer(
