@@ -529,6 +529,60 @@ def batch_step(args, model):
     print(f"B={args.batch} {many:.2f} ms, ratio {many / one:.2f}")
 
 
+def speculative(args, config, driver):
+    """What speculative decoding can gain: the time of one forward over k + 1
+    tokens against one token at each --decode context, then greedy tok/s with
+    a tiny random draft (2 layers, hidden 256) against plain decoding."""
+    from mlx_lm.generate import generate_step, speculative_generate_step
+    from mlx_lm.models.cache import trim_prompt_cache
+
+    model = driver.model
+    for context in parse_lengths(args.decode):
+        mx.random.seed(context)
+        prompt = mx.random.randint(0, config["vocab_size"], (context,))
+        cache, y = driver.prefill(prompt.astype(mx.int32))
+        times = {}
+        for k in [1, 2, 3, 4, 5, 6] * 2:
+            tokens = mx.broadcast_to(y.reshape(1, 1), (1, k))
+            mx.eval(model(tokens, cache))
+            trim_prompt_cache(cache, k)
+            tic = time.perf_counter()
+            for _ in range(8):
+                mx.eval(model(tokens, cache))
+                trim_prompt_cache(cache, k)
+            times[k] = (time.perf_counter() - tic) / 8
+        row = ", ".join(f"k+1={k} {times[k] / times[1]:.2f}" for k in range(2, 7))
+        print(f"context {context}: one token {times[1] * 1e3:.1f} ms; {row}")
+
+    draft_config = dict(config, hidden_size=256, num_hidden_layers=2)
+    draft_config.update(compress_ratios=[0, 4], num_hash_layers=1)
+    draft_config.update(moe_intermediate_size=256, n_routed_experts=4)
+    draft_config.update(num_experts_per_tok=2, q_lora_rank=128, o_lora_rank=128)
+    draft = make_fork(draft_config, dtype=getattr(mx, args.dtype), seed=1)
+    context = parse_lengths(args.decode)[0]
+    mx.random.seed(1)
+    prompt = mx.random.randint(0, config["vocab_size"], (context,)).astype(mx.int32)
+    for name, kwargs in (
+        ("plain", None),
+        ("draft k=3", dict(draft_model=draft, num_draft_tokens=3)),
+        ("draft k=5", dict(draft_model=draft, num_draft_tokens=5)),
+    ):
+        if kwargs is None:
+            steps = generate_step(prompt, model, max_tokens=args.steps)
+        else:
+            steps = speculative_generate_step(
+                prompt, model, max_tokens=args.steps, **kwargs
+            )
+        accepted, tic = 0, None
+        for n, item in enumerate(steps):
+            if n == 0:
+                tic = time.perf_counter()
+            accepted += bool(item[-1]) if kwargs else 0
+        rate = (n / (time.perf_counter() - tic)) if n else float("nan")
+        extra = f", {accepted} of {n + 1} from the draft" if kwargs else ""
+        print(f"{name:9} {rate:.1f} tok/s after a {context}-token prompt{extra}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=6, help="43: Flash's schedule")
@@ -557,6 +611,9 @@ def main():
         "--long-decode", type=int, help="decode this many tokens after --prefill"
     )
     parser.add_argument("--report", type=int, default=4096)
+    parser.add_argument(
+        "--speculative", action="store_true", help="what speculative decoding gains"
+    )
     parser.add_argument(
         "--batch", type=int, help="time a decode step of this many rows against one"
     )
@@ -589,6 +646,9 @@ def main():
         return
     if args.batch:
         batch_step(args, fork)
+        return
+    if args.speculative:
+        speculative(args, config, drivers[0])
         return
     if args.peer:
         peer = make_peer(config, weights, args.peer_exact_indexer)
