@@ -534,6 +534,7 @@ def speculative(args, config, driver):
     tokens against one token at each --decode context, then greedy tok/s with
     a tiny random draft (2 layers, hidden 256) against plain decoding."""
     from mlx_lm.generate import generate_step, speculative_generate_step
+
     from mlx_lm.models.cache import trim_prompt_cache
 
     model = driver.model
