@@ -273,21 +273,25 @@ def run_workload(client, model_id, workload, concurrency, server, verbose):
 
     start = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
-        futures = [pool.submit(one, r) for r in workload]
-        for n, _ in enumerate(as_completed(futures), start=1):
-            if n % REPORT_EVERY == 0 or n == len(workload):
-                rss.append((n, server.memory_info().rss))
-                if verbose:
-                    print(
-                        f"{n:>6} requests  errors {len(errors)}  "
-                        f"completed {outcomes['completed']}  "
-                        f"cancelled {outcomes['cancelled']}  "
-                        f"p50 {percentile(latencies, 0.5):6.2f} s  "
-                        f"p95 {percentile(latencies, 0.95):6.2f} s  "
-                        f"cached {cached_tokens}/{prompt_tokens} prompt tokens  "
-                        f"rss {rss[-1][1] / 2**20:7.1f} MiB",
-                        flush=True,
-                    )
+        # Blocks of REPORT_EVERY requests: memory is read when a block is done
+        # and the server idle, so the readings compare like with like.
+        for first in range(0, len(workload), REPORT_EVERY):
+            block = workload[first : first + REPORT_EVERY]
+            for _ in as_completed([pool.submit(one, r) for r in block]):
+                pass
+            n = first + len(block)
+            rss.append((n, server.memory_info().rss))
+            if verbose:
+                print(
+                    f"{n:>6} requests  errors {len(errors)}  "
+                    f"completed {outcomes['completed']}  "
+                    f"cancelled {outcomes['cancelled']}  "
+                    f"p50 {percentile(latencies, 0.5):6.2f} s  "
+                    f"p95 {percentile(latencies, 0.95):6.2f} s  "
+                    f"cached {cached_tokens}/{prompt_tokens} prompt tokens  "
+                    f"rss {rss[-1][1] / 2**20:7.1f} MiB",
+                    flush=True,
+                )
     return dict(
         seconds=time.perf_counter() - start,
         errors=errors,
