@@ -39,7 +39,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
 sys.path.insert(0, str(Path(__file__).parent))
-from long_decode import cache_arrays, graph_edges  # noqa: E402
+from long_decode import CONFIGS, cache_arrays, graph_edges  # noqa: E402
 
 FLASH = {
     "model_type": "deepseek_v4",
@@ -77,22 +77,6 @@ FLASH = {
     "max_position_embeddings": 1048576,
 }
 
-TINY = {
-    "vocab_size": 512,
-    "hidden_size": 64,
-    "num_attention_heads": 4,
-    "head_dim": 32,
-    "qk_rope_head_dim": 16,
-    "q_lora_rank": 32,
-    "o_groups": 2,
-    "o_lora_rank": 16,
-    "sliding_window": 32,
-    "moe_intermediate_size": 32,
-    "index_n_heads": 4,
-    "index_head_dim": 16,
-    "index_topk": 16,
-}
-
 OVERRIDES = {
     "hidden": "hidden_size",
     "heads": "num_attention_heads",
@@ -108,6 +92,9 @@ OVERRIDES = {
     "index_topk": "index_topk",
     "vocab": "vocab_size",
 }
+
+# --tiny: the widths of the demo's tiny model.
+TINY = {k: CONFIGS["deepseek_v4"][k] for k in OVERRIDES.values()}
 
 
 def make_config(args):
