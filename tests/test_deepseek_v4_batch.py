@@ -83,6 +83,10 @@ class TestDeepseekV4Batch(unittest.TestCase):
         cls.expected = {
             k: decode_alone(cls.model, p, MAX_TOKENS) for k, p in cls.prompts.items()
         }
+        # Long enough for the top-k and several query blocks.
+        cls.long_prompts = [
+            mx.random.randint(2, 300, (n,)).tolist() for n in (300, 170, 229)
+        ]
 
     def assertMatchesAlone(self, results, max_tokens):
         for name, (tokens, logprobs) in results.items():
@@ -134,26 +138,35 @@ class TestDeepseekV4Batch(unittest.TestCase):
             )
         self.assertGreater(worst, GRAPH_BOUND)
 
-    def test_right_padding_over_several_forwards(self):
-        # One prompt call in several forwards: a row's padding may fill them.
+    def check_right_padding(self, prompts, step):
         model = self.model
-        prompts = [self.prompts[k][:n] for k, n in (("a", 37), ("c", 9), ("b", 25))]
         caches = [make_prompt_cache(model) for _ in prompts]
-        batch = PromptProcessingBatch(model, [0, 1, 2], caches, prefill_step_size=8)
+        batch = PromptProcessingBatch(
+            model, list(range(len(prompts))), caches, prefill_step_size=step
+        )
         batch.prompt(prompts)
-        self.assertEqual(batch.prompt_cache[0].offsets, [37, 9, 25])
-        tokens = mx.array([[7], [8], [9]])
+        self.assertEqual(batch.prompt_cache[0].offsets, [len(p) for p in prompts])
+        tokens = mx.array([[7], [8], [9]])[: len(prompts)]
         out = model(tokens, batch.prompt_cache)
         for i, prompt in enumerate(prompts):
             cache = make_prompt_cache(model)
-            for j in range(0, len(prompt), 8):
-                model(mx.array([prompt[j : j + 8]]), cache)
+            for j in range(0, len(prompt), step):
+                model(mx.array([prompt[j : j + step]]), cache)
             expected = model(tokens[i : i + 1], cache)
             self.assertLessEqual(max_diff(out[i : i + 1], expected), 1e-4)
 
-    def test_left_padded_prompts_match_single_rows(self):
+    def test_right_padding_over_several_forwards(self):
+        # One prompt call in several forwards: a row's padding may fill them.
+        prompts = [self.prompts[k][:n] for k, n in (("a", 37), ("c", 9), ("b", 25))]
+        self.check_right_padding(prompts, 8)
+
+    def test_long_right_padded_prompts_match_single_rows(self):
+        # Forwards longer than a query block attend in blocks.
+        self.assertGreater(len(self.long_prompts[0]), 2 * deepseek_v4._QUERY_BLOCK)
+        self.check_right_padding(self.long_prompts, 256)
+
+    def check_left_padding(self, prompts):
         model = self.model
-        prompts = [self.prompts["a"], self.prompts["c"]]
         width = max(len(p) for p in prompts)
         padding = [width - len(p) for p in prompts]
         padded = mx.array([[0] * n + p for n, p in zip(padding, prompts)])
@@ -164,7 +177,7 @@ class TestDeepseekV4Batch(unittest.TestCase):
         out = [model(padded, batch)[:, -1:]]
         for c in batch:
             c.finalize()
-        tokens = mx.array([[7], [8]])
+        tokens = mx.array([[7], [8], [9]])[: len(prompts)]
         out.append(model(tokens, batch))
         for i, prompt in enumerate(prompts):
             cache = make_prompt_cache(model)
@@ -172,6 +185,12 @@ class TestDeepseekV4Batch(unittest.TestCase):
             expected.append(model(tokens[i : i + 1], cache))
             for got, want in zip(out, expected):
                 self.assertLessEqual(max_diff(got[i : i + 1], want), 1e-4)
+
+    def test_left_padded_prompts_match_single_rows(self):
+        self.check_left_padding([self.prompts["a"], self.prompts["c"]])
+
+    def test_long_left_padded_prompts_match_single_rows(self):
+        self.check_left_padding(self.long_prompts)
 
     def test_extracted_and_copied_rows_hold_what_nbytes_reports(self):
         # A view into a pool or window of the batch would keep its whole

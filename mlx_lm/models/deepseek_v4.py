@@ -24,6 +24,9 @@ SLIDING = "sliding_attention"
 CSA = "compressed_sparse_attention"
 HCA = "heavily_compressed_attention"
 _MLP_TYPES = ("hash_moe", "moe")
+# A prompt's queries attend in blocks of this many, each block to the keys
+# its window spans.
+_QUERY_BLOCK = 128
 
 # For checkpoints without a chat template (a bundled one replaces the encoder).
 TOKENIZER_DEFAULTS = {
@@ -313,10 +316,20 @@ class Rows:
         keep = self.real & (self._j >= self.end - size)
         return mx.where(keep, self.pos % size, size)
 
+    def _fetched(self, pos, capacity):
+        """Where position ``pos`` [B, ...] sits in the keys of
+        ``SharedWindowCache.update_and_fetch``: ``capacity`` slots, one more,
+        then the new rows."""
+        shape = (-1,) + (1,) * (pos.ndim - 1)
+        offset, start = self.offset.reshape(shape), self.start.reshape(shape)
+        index = mx.where(
+            pos >= offset, capacity + 1 + pos - offset + start, pos % capacity
+        )
+        return mx.minimum(index, capacity + self.length)
+
     @_memoize
     def window_mask(self, sizes):
-        """Which keys of ``SharedWindowCache.update_and_fetch`` (the buffer
-        of ``capacity`` slots and one more, then the new rows) each query of
+        """Which keys of ``SharedWindowCache.update_and_fetch`` each query of
         a sliding ``window`` sees [B, L, capacity + 1 + L]."""
         window, capacity = sizes
         s = mx.arange(capacity + 1)
@@ -331,16 +344,24 @@ class Rows:
     @_memoize
     def window_rows(self, sizes):
         """For each query, the indices of its window's keys in the keys of
-        ``SharedWindowCache.update_and_fetch`` (``capacity`` slots and one
-        more, then the new rows) [B, L, window], and which of them exist."""
+        ``update_and_fetch`` [B, L, window], and which of them exist."""
         window, capacity = sizes
         pos = self.pos[..., None] - window + 1 + mx.arange(window)
-        offset, start = self.offset[..., None], self.start[..., None]
-        index = mx.where(
-            pos >= offset, capacity + 1 + pos - offset + start, pos % capacity
-        )
-        index = mx.minimum(index, capacity + self.length)
-        return index, pos >= 0
+        return self._fetched(pos, capacity), pos >= 0
+
+    @_memoize
+    def bands(self, sizes):
+        """For the queries in blocks of ``block``: the indices of the keys
+        each block's window spans in the keys of ``update_and_fetch``
+        [B, N, block + window - 1], and which of them each query sees
+        [B, N, block, block + window - 1]."""
+        window, capacity, block = sizes
+        blocks = -(-self.length // block)
+        first = self.shift[:, None, None] + block * mx.arange(blocks)[:, None]
+        pos = first - window + 1 + mx.arange(block + window - 1)
+        q = (first + mx.arange(block))[..., None]
+        k = pos[:, :, None]
+        return self._fetched(pos, capacity), (k >= 0) & (k <= q) & (k > q - window)
 
     @_memoize
     def entries(self, ratio):
@@ -478,16 +499,28 @@ class Indexer(nn.Module):
         batch, length, _ = x.shape
         q = self.wq_b(qr).reshape(batch, length, self.n_heads, self.head_dim)
         q = _rope(q.transpose(0, 2, 1, 3), self._freqs, rows.shift)
-        # In the keys' dtype: a float32 copy of the whole pool per step costs
-        # more than it gains (DeepSeek's code even rounds these to fp4).
-        scores = q.astype(keys.dtype) @ keys[:, None, :n].swapaxes(-1, -2)
-        scores = mx.maximum(scores.astype(mx.float32), 0.0) * self.head_dim**-0.5
-        weights = self.weights_proj(x).astype(mx.float32) * self.n_heads**-0.5
-        scores = mx.sum(scores * weights.swapaxes(1, 2)[..., None], axis=1)
-        scores = mx.where(mx.arange(n) < visible[..., None], scores, -mx.inf)
+        # In the keys' dtype, heads next to the entries [B, L, heads, n]: a
+        # float32 copy of the whole pool per step costs more than it gains
+        # (DeepSeek's code even rounds these to fp4).
+        scores = q.swapaxes(1, 2).astype(keys.dtype) @ keys[:, None, :n].swapaxes(
+            -1, -2
+        )
+        weights = self.weights_proj(x)
+        scale = (self.n_heads * self.head_dim) ** -0.5
+        scores = _index_scores(scores, weights, visible, scale)
         k = self.index_topk
         chosen = mx.argpartition(-scores, k - 1, axis=-1)[..., :k]
         return mx.stop_gradient(chosen)
+
+
+@mx.compile
+def _index_scores(scores, weights, visible, scale):
+    """Each entry's score: its heads' positive scores, weighted, summed in
+    float32; -inf for the entries a query does not see [B, L, n]."""
+    weights = weights.astype(mx.float32)[..., None] * scale
+    scores = mx.sum(mx.maximum(scores, 0).astype(mx.float32) * weights, axis=-2)
+    n = scores.shape[-1]
+    return mx.where(mx.arange(n) < visible[..., None], scores, -mx.inf)
 
 
 class Attention(nn.Module):
@@ -542,44 +575,74 @@ class Attention(nn.Module):
 
         # One attention over the keys of the window and the compressed keys,
         # each query masked to what it sees, with the sink in the softmax:
-        # the whole visible HCA pool, or a CSA query's top-k entries. A
-        # decoded token gathers its top-k rows; a prompt's queries, which
-        # each pick others, gather their window and top-k rows (attending
-        # to the whole pool, masked, grows with the context).
+        # the whole visible HCA pool, or a CSA query's top-k entries.
         sizes = self.window, cache.window.capacity
         window = cache.window.update_and_fetch(kv, rows.slots(sizes[1]))
-        keys, mask = [window], [rows.window_mask(sizes)]
-        chosen = None
+        pool = visible = chosen = None
         if self.kind != SLIDING:
             pool = self.compressor(x, cache.compressor, rows)
             n, visible = rows.entries(self.compressor.ratio)
             if self.kind == CSA:
                 chosen = self.indexer(x, qr, cache.indexer, rows)
+            if chosen is None:
+                pool = pool[:, :n] if n > 0 else None
+        sinks = self.attn_sink.astype(q.dtype)
+        if chosen is not None and length > 1:
+            out = self._sparse(q, window, pool, chosen, visible, rows)
+        elif length > _QUERY_BLOCK:
+            out = self._banded(q, window, pool, visible, rows)
+        else:
+            keys, mask = [window], [rows.window_mask(sizes)]
             if chosen is not None:
-                seen = chosen < visible[..., None]
-                if length > 1:
-                    return self._sparse(q, x, window, pool, chosen, seen, rows)
                 keys.append(mx.take_along_axis(pool, chosen[:, 0, :, None], 1))
-                mask.append(seen)
-            elif n > 0:
-                keys.append(pool[:, :n])
-                mask.append(mx.arange(n) < visible[..., None])
-        keys = mx.concatenate(keys, axis=1)[:, None]
-        mask = mx.concatenate(mask, axis=-1)[:, None]
+                mask.append(chosen < visible[..., None])
+            elif pool is not None:
+                keys.append(pool)
+                mask.append(mx.arange(pool.shape[1]) < visible[..., None])
+            keys = mx.concatenate(keys, axis=1)[:, None]
+            mask = mx.concatenate(mask, axis=-1)[:, None]
+            out = mx.fast.scaled_dot_product_attention(
+                q, keys, keys, scale=self.scale, mask=mask, sinks=sinks
+            )
+        return self._output(out, rows)
+
+    def _banded(self, q, window, pool, visible, rows):
+        """Attention of a prompt's queries in blocks of ``_QUERY_BLOCK``, each
+        block over the window keys it spans (and the visible pool), not over
+        every key of the chunk."""
+        batch, heads, length, dims = q.shape
+        block = _QUERY_BLOCK
+        capacity = window.shape[1] - 1 - length
+        index, mask = rows.bands((self.window, capacity, block))
+        blocks = index.shape[1]
+        keys = mx.take_along_axis(window[:, None], index[..., None], axis=2)
+        if pool is not None:
+            n = pool.shape[1]
+            shape = (batch, blocks, n, dims)
+            keys = mx.concatenate([keys, mx.broadcast_to(pool[:, None], shape)], 2)
+            pad = blocks * block - length
+            seen = mx.pad(visible, [(0, 0), (0, pad)]).reshape(batch, blocks, block)
+            seen = mx.arange(n) < seen[..., None]
+            mask = mx.concatenate([mask, seen], axis=-1)
+        q = mx.pad(q, [(0, 0), (0, 0), (0, blocks * block - length), (0, 0)])
+        q = q.reshape(batch, heads, blocks, block, dims).swapaxes(1, 2)
+        keys = keys.reshape(batch * blocks, 1, -1, dims)
         out = mx.fast.scaled_dot_product_attention(
-            q,
+            q.reshape(batch * blocks, heads, block, dims),
             keys,
             keys,
             scale=self.scale,
-            mask=mask,
+            mask=mask.reshape(batch * blocks, 1, block, -1),
             sinks=self.attn_sink.astype(q.dtype),
         )
-        return self._output(out, rows)
+        out = out.reshape(batch, blocks, heads, block, dims).swapaxes(1, 2)
+        return out.reshape(batch, heads, -1, dims)[:, :, :length]
 
-    def _sparse(self, q, x, window, pool, chosen, seen, rows):
+    def _sparse(self, q, window, pool, chosen, visible, rows):
         """Attention of queries that each attend to their own window rows and
-        top-k entries (the rows gathered in the model's dtype)."""
-        batch, heads, length, dims = q.shape
+        top-k entries (the rows gathered in the model's dtype); the heads of
+        a token are the queries of its keys."""
+        length = q.shape[2]
         # The buffer keeps ``capacity`` slots and one more before the rows.
         capacity = window.shape[1] - 1 - length
         index, valid = rows.window_rows((self.window, capacity))
@@ -590,26 +653,32 @@ class Attention(nn.Module):
             ],
             axis=2,
         )
-        mask = mx.concatenate([valid, seen], axis=-1)
-        q = q.transpose(0, 2, 1, 3).reshape(batch * length, heads, 1, dims)
-        out = mx.fast.scaled_dot_product_attention(
-            q,
-            keys.reshape(batch * length, 1, -1, dims),
-            keys.reshape(batch * length, 1, -1, dims),
-            scale=self.scale,
-            mask=mask.reshape(batch * length, 1, 1, -1),
-            sinks=self.attn_sink.astype(q.dtype),
-        )
-        out = out.reshape(batch, length, heads, dims).transpose(0, 2, 1, 3)
-        return self._output(out, rows)
+        mask = mx.concatenate([valid, chosen < visible[..., None]], axis=-1)
+        scores = (q * self.scale).swapaxes(1, 2) @ keys.swapaxes(-1, -2)
+        weights = _sink_softmax(scores, mask[:, :, None], self.attn_sink)
+        return (weights @ keys).swapaxes(1, 2)
 
     def _output(self, out: mx.array, rows: Rows) -> mx.array:
         batch, _, length, _ = out.shape
         # Undo the keys' rotation at the query position.
-        out = _rope(out, self._inverse_freqs, rows.shift).transpose(0, 2, 1, 3)
-        out = out.reshape(batch * length, self.o_groups, 1, -1)
-        out = self.wo_a(out, self._group_ids)
-        return self.wo_b(out.reshape(batch, length, -1))
+        out = _rope(out, self._inverse_freqs, rows.shift).swapaxes(1, 2)
+        # Each group of heads has its own projection: [B, groups, L, dims].
+        out = out.reshape(batch, length, self.o_groups, -1).swapaxes(1, 2)
+        if isinstance(self.wo_a, SwitchLinear):
+            out = out @ self.wo_a.weight.swapaxes(-1, -2)
+        else:
+            out = self.wo_a(out, self._group_ids)
+        return self.wo_b(out.swapaxes(1, 2).reshape(batch, length, -1))
+
+
+@mx.compile
+def _sink_softmax(scores, mask, sinks):
+    """Softmax over the keys a query sees and its head's sink, in float32;
+    the weights of the keys in the scores' dtype."""
+    logits = mx.where(mask, scores.astype(mx.float32), -mx.inf)
+    sinks = mx.broadcast_to(sinks[:, None], (*logits.shape[:-1], 1))
+    weights = mx.softmax(mx.concatenate([sinks, logits], axis=-1), axis=-1)
+    return weights[..., 1:].astype(scores.dtype)
 
 
 @lru_cache
