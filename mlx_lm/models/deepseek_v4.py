@@ -27,6 +27,8 @@ _MLP_TYPES = ("hash_moe", "moe")
 # A prompt's queries attend in blocks of this many, each block to the keys
 # its window spans.
 _QUERY_BLOCK = 128
+# Queries that pick their own top-k entries do so in blocks of this many.
+_TOP_K_BLOCK = 512
 
 # For checkpoints without a chat template (a bundled one replaces the encoder).
 TOKENIZER_DEFAULTS = {
@@ -501,15 +503,21 @@ class Indexer(nn.Module):
         q = _rope(q.transpose(0, 2, 1, 3), self._freqs, rows.shift)
         # In the keys' dtype, heads next to the entries [B, L, heads, n]: a
         # float32 copy of the whole pool per step costs more than it gains
-        # (DeepSeek's code even rounds these to fp4).
-        scores = q.swapaxes(1, 2).astype(keys.dtype) @ keys[:, None, :n].swapaxes(
-            -1, -2
-        )
+        # (DeepSeek's code even rounds these to fp4). A prompt's queries go
+        # in blocks, so the scores of a long context stay small.
+        q = q.swapaxes(1, 2).astype(keys.dtype)
+        keys = keys[:, None, :n].swapaxes(-1, -2)
         weights = self.weights_proj(x)
         scale = (self.n_heads * self.head_dim) ** -0.5
-        scores = _index_scores(scores, weights, visible, scale)
         k = self.index_topk
-        chosen = mx.argpartition(-scores, k - 1, axis=-1)[..., :k]
+        chosen = []
+        for i in range(0, length, _TOP_K_BLOCK):
+            block = slice(i, i + _TOP_K_BLOCK)
+            scores = _index_scores(
+                q[:, block] @ keys, weights[:, block], visible[:, block], scale
+            )
+            chosen.append(mx.argpartition(-scores, k - 1, axis=-1)[..., :k])
+        chosen = mx.concatenate(chosen, axis=1) if len(chosen) > 1 else chosen[0]
         return mx.stop_gradient(chosen)
 
 
@@ -640,23 +648,31 @@ class Attention(nn.Module):
 
     def _sparse(self, q, window, pool, chosen, visible, rows):
         """Attention of queries that each attend to their own window rows and
-        top-k entries (the rows gathered in the model's dtype); the heads of
-        a token are the queries of its keys."""
+        top-k entries (the rows gathered in the model's dtype, for a block
+        of queries at a time); the heads of a token are the queries of its
+        keys."""
         length = q.shape[2]
         # The buffer keeps ``capacity`` slots and one more before the rows.
         capacity = window.shape[1] - 1 - length
         index, valid = rows.window_rows((self.window, capacity))
-        keys = mx.concatenate(
-            [
-                mx.take_along_axis(window[:, None], index[..., None], axis=2),
-                mx.take_along_axis(pool[:, None], chosen[..., None], axis=2),
-            ],
-            axis=2,
-        )
-        mask = mx.concatenate([valid, chosen < visible[..., None]], axis=-1)
-        scores = (q * self.scale).swapaxes(1, 2) @ keys.swapaxes(-1, -2)
-        weights = _sink_softmax(scores, mask[:, :, None], self.attn_sink)
-        return (weights @ keys).swapaxes(1, 2)
+        seen = chosen < visible[..., None]
+        q = (q * self.scale).swapaxes(1, 2)
+        window, pool = window[:, None], pool[:, None]
+        out = []
+        for i in range(0, length, _TOP_K_BLOCK):
+            block = slice(i, i + _TOP_K_BLOCK)
+            keys = mx.concatenate(
+                [
+                    mx.take_along_axis(window, index[:, block, :, None], axis=2),
+                    mx.take_along_axis(pool, chosen[:, block, :, None], axis=2),
+                ],
+                axis=2,
+            )
+            mask = mx.concatenate([valid[:, block], seen[:, block]], axis=-1)
+            scores = q[:, block] @ keys.swapaxes(-1, -2)
+            weights = _sink_softmax(scores, mask[:, :, None], self.attn_sink)
+            out.append(weights @ keys)
+        return mx.concatenate(out, axis=1).swapaxes(1, 2)
 
     def _output(self, out: mx.array, rows: Rows) -> mx.array:
         batch, _, length, _ = out.shape
