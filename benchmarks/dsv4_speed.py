@@ -409,7 +409,7 @@ class ErrorStats:
         return line
 
 
-def bf16_vs_fp32(args, config, peer):
+def bf16_vs_fp32(args, config, peer_wanted):
     """Max relative logit error of bf16 against float32, same weights."""
     model16 = make_fork(config, dtype=getattr(mx, args.dtype), seed=args.seed)
     weights16 = tree_flatten(model16.parameters())
@@ -417,22 +417,31 @@ def bf16_vs_fp32(args, config, peer):
         (k, v.astype(mx.float32) if mx.issubdtype(v.dtype, mx.floating) else v)
         for k, v in weights16
     ]
-    models = [("fork", make_fork(config, weights32), model16, False)]
-    if peer:
-        models.append(
-            (
-                "peer",
-                make_peer(config, weights32, args.peer_exact_indexer),
-                make_peer(config, weights16, args.peer_exact_indexer),
-                True,
-            )
+
+    # Each pair is built when its turn comes, the peer's on copies of the
+    # weights: with mlx-vlm's models built beside it, the fork's logits on the
+    # GPU went NaN once the top-k started (cause not found; alone they do not).
+    def fork():
+        return make_fork(config, weights32), model16
+
+    def peer():
+        def copies(weights):
+            return [(k, mx.array(v)) for k, v in weights]
+
+        exact = args.peer_exact_indexer
+        return (
+            make_peer(config, copies(weights32), exact),
+            make_peer(config, copies(weights16), exact),
         )
+
+    models = [("fork", fork, False)] + ([("peer", peer, True)] if peer_wanted else [])
     length = parse_lengths(args.prefill)[0]
     mx.random.seed(length)
     prompt = mx.random.randint(0, config["vocab_size"], (length,)).astype(mx.int32)
 
     print(f"{args.dtype} vs float32: {length}-token prefill, {args.steps} decode steps")
-    for name, m32, m16, is_peer in models:
+    for name, build, is_peer in models:
+        m32, m16 = build()
         f32, f16 = forward_fn(m32, is_peer), forward_fn(m16, is_peer)
         c32, c16 = m32.make_cache(), m16.make_cache()
         stats = {"prefill": ErrorStats(), "decode": ErrorStats()}
