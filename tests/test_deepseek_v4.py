@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Optional
 
 import mlx.core as mx
+import mlx.nn as nn
 import mlx.optimizers as opt
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
@@ -28,6 +29,7 @@ from mlx_lm.models.cache import (
     make_prompt_cache,
     save_prompt_cache,
 )
+from mlx_lm.models.switch_layers import SwitchLinear
 
 HAS_TORCH = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
 
@@ -388,6 +390,21 @@ class TestDeepseekV4(unittest.TestCase):
                 out = mx.concatenate(outs, axis=1)
                 self.assertLessEqual(max_diff(out, full), 1e-4)
 
+    def test_quantized_output_groups_match_their_dequantized_weights(self):
+        # A quantized wo_a goes through gather_qmm, a plain one a matmul.
+        model = make_tiny_model()
+        inputs = mx.random.randint(0, 300, (2, 200))
+        nn.quantize(model, 32, 8, class_predicate=lambda p, m: p.endswith("wo_a"))
+        quantized = model(inputs)
+        for layer in model.layers:
+            wo_a = layer.attn.wo_a
+            plain = SwitchLinear(1, 1, 1, bias=False)
+            plain.weight = mx.dequantize(
+                wo_a.weight, wo_a.scales, wo_a.biases, group_size=32, bits=8
+            )
+            layer.attn.wo_a = plain
+        self.assertLessEqual(max_diff(model(inputs), quantized), 1e-5)
+
     def test_pools_grow_in_place(self):
         model = make_tiny_model()
         cache = model.make_cache()
@@ -412,8 +429,6 @@ class TestDeepseekV4(unittest.TestCase):
     def test_gradients_flow_past_the_top_k_choices(self):
         # LoRA training differentiates the whole forward; the indices the
         # gate and the indexer pick have no gradient.
-        import mlx.nn as nn
-
         model = make_tiny_model()
         # More CSA entries than index_topk, so the indexer picks.
         inputs = mx.arange(80)[None] % 300

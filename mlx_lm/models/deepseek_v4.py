@@ -594,7 +594,6 @@ class Attention(nn.Module):
                 chosen = self.indexer(x, qr, cache.indexer, rows)
             if chosen is None:
                 pool = pool[:, :n] if n > 0 else None
-        sinks = self.attn_sink.astype(q.dtype)
         if chosen is not None and length > 1:
             out = self._sparse(q, window, pool, chosen, visible, rows)
         elif length > _QUERY_BLOCK:
@@ -610,7 +609,12 @@ class Attention(nn.Module):
             keys = mx.concatenate(keys, axis=1)[:, None]
             mask = mx.concatenate(mask, axis=-1)[:, None]
             out = mx.fast.scaled_dot_product_attention(
-                q, keys, keys, scale=self.scale, mask=mask, sinks=sinks
+                q,
+                keys,
+                keys,
+                scale=self.scale,
+                mask=mask,
+                sinks=self.attn_sink.astype(q.dtype),
             )
         return self._output(out, rows)
 
