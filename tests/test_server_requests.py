@@ -1,5 +1,6 @@
 # Copyright © 2026 Apple Inc.
 
+import ctypes
 import http.client
 import json
 import socket
@@ -25,6 +26,26 @@ def make_model_provider(model_path, *args):
         with mock.patch.object(sys, "argv", argv + list(args)):
             server.main()
     return run.call_args.args[2]
+
+
+class MallInfo(ctypes.Structure):
+    """glibc's struct mallinfo2."""
+
+    _fields_ = [
+        (name, ctypes.c_size_t)
+        for name in (
+            "arena",
+            "ordblks",
+            "smblks",
+            "hblks",
+            "hblkhd",
+            "usmblks",
+            "fsmblks",
+            "uordblks",
+            "fordblks",
+            "keepcost",
+        )
+    ]
 
 
 class ServerThread:
@@ -294,6 +315,24 @@ class TestServerMemory(unittest.TestCase):
                 self.assertEqual(mx.get_cache_memory(), 0)
             finally:
                 server_thread.close()
+
+    @unittest.skipUnless(server._mallopt is not None, "glibc's malloc")
+    def test_freed_buffers_go_back_to_the_system(self):
+        # glibc raises its mmap threshold to the size of a freed buffer
+        # (up to 32 MiB); smaller buffers then come from heaps that keep
+        # their memory when freed. The server keeps the threshold.
+        libc = ctypes.CDLL(None)
+        libc.malloc.restype = ctypes.c_void_p
+        libc.free.argtypes = [ctypes.c_void_p]
+        libc.mallinfo2.restype = MallInfo
+        with tempfile.TemporaryDirectory() as tmp:
+            make_model_provider(make_tiny_model_folder(Path(tmp) / "model"))
+        libc.free(libc.malloc(4 << 20))
+        before = libc.mallinfo2().hblks
+        buffer = libc.malloc(1 << 20)
+        mapped = libc.mallinfo2().hblks - before
+        libc.free(buffer)
+        self.assertEqual(mapped, 1)
 
 
 class TestServerWithABadModelFolder(unittest.TestCase):
