@@ -280,7 +280,7 @@ def run_workload(client, model_id, workload, concurrency, server, verbose):
             for _ in as_completed([pool.submit(one, r) for r in block]):
                 pass
             n = first + len(block)
-            rss.append((n, server.memory_info().rss))
+            rss.append((n, idle_memory(server)))
             if verbose:
                 print(
                     f"{n:>6} requests  errors {len(errors)}  "
@@ -304,6 +304,22 @@ def run_workload(client, model_id, workload, concurrency, server, verbose):
         completion_tokens=completion_tokens,
         rss=rss,
     )
+
+
+def idle_memory(server, interval=0.25, patience=120):
+    """The server's resident memory once it is idle.
+
+    A block is done when its last client has its answer or gave up; the
+    server may still be serving a cancelled request or freeing a finished
+    one. Wait until its CPU time grows by at most a clock tick (10 ms) in
+    ``interval`` seconds, or ``patience`` seconds have passed."""
+    used = sum(server.cpu_times()[:2])
+    for _ in range(int(patience / interval)):
+        time.sleep(interval)
+        before, used = used, sum(server.cpu_times()[:2])
+        if used - before <= 0.01:
+            break
+    return server.memory_info().rss
 
 
 def rss_drift(rss):

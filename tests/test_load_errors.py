@@ -1,9 +1,14 @@
 # Copyright © 2026 Apple Inc.
 
 import json
+import socket
+import subprocess
 import sys
 import tempfile
+import time
 import unittest
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 from test_deepseek_v4 import make_tiny_model_folder, make_tiny_tokenizer
@@ -52,6 +57,71 @@ class TestBadModelFolders(unittest.TestCase):
                     ValueError, f"`{key}` '4' is not an integer"
                 ):
                     load(str(path))
+
+
+class TestServerWithBadModelFolders(unittest.TestCase):
+    """`mlx_lm.server --model` stops at start on a folder it cannot load."""
+
+    def setUp(self):
+        self._tmp = tempfile.TemporaryDirectory()
+        self.tmp = Path(self._tmp.name)
+
+    def tearDown(self):
+        self._tmp.cleanup()
+
+    def serve(self, path):
+        """Start the server on ``path``; return its exit code and stderr, or
+        fail if it answers on its port instead."""
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        cmd = [sys.executable, "-m", "mlx_lm", "server", "--model", str(path)]
+        cmd += ["--port", str(port)]
+        process = subprocess.Popen(
+            cmd, cwd=path.parent, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            while process.poll() is None:
+                try:
+                    urllib.request.urlopen(
+                        f"http://127.0.0.1:{port}/health", timeout=60
+                    )
+                except urllib.error.HTTPError:
+                    pass
+                except OSError:
+                    time.sleep(0.5)
+                    continue
+                self.fail("mlx_lm.server serves a model it cannot load")
+        finally:
+            process.kill()
+            _, stderr = process.communicate()
+        return process.returncode, stderr
+
+    def test_the_server_exits_naming_the_file_token_or_field(self):
+        def truncate_weights(path):
+            weights = path / "model.safetensors"
+            with open(weights, "r+b") as f:
+                f.truncate(weights.stat().st_size // 2)
+            return str(weights)
+
+        def drop_chat_tokens(path):
+            make_tiny_tokenizer(path, 300, special_tokens=[bos_token, eos_token])
+            return "<｜User｜>"
+
+        def mistype_config(path):
+            config = json.loads((path / "config.json").read_text())
+            config["num_attention_heads"] = "4"
+            (path / "config.json").write_text(json.dumps(config))
+            return "`num_attention_heads` '4' is not an integer"
+
+        for fault in (truncate_weights, drop_chat_tokens, mistype_config):
+            with self.subTest(fault=fault.__name__):
+                path = make_tiny_model_folder(self.tmp / fault.__name__)
+                named = fault(path)
+                code, stderr = self.serve(path)
+                self.assertEqual(code, 1, stderr)
+                self.assertIn(named, stderr)
+                self.assertNotIn("Traceback", stderr)
 
 
 if __name__ == "__main__":
