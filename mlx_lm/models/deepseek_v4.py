@@ -3,7 +3,7 @@
 import math
 import re
 from dataclasses import dataclass, fields
-from functools import lru_cache
+from functools import lru_cache, partial
 from types import SimpleNamespace
 from typing import Any, Callable, Dict, List, Optional
 
@@ -259,6 +259,19 @@ def _rope_freqs(rope: YarnRoPE, dims: int) -> mx.array:
     return mx.concatenate([lead, rope._freqs])
 
 
+class _StepCompiled:
+    """``fn`` compiled for decode steps, whose shapes repeat; a prompt runs it
+    as it is, since each new prompt length would keep one more compiled trace
+    in memory."""
+
+    def __init__(self, fn):
+        self.fn = fn
+        self.compiled = mx.compile(fn)
+
+    def __call__(self, step: bool, *args):
+        return (self.compiled if step else self.fn)(*args)
+
+
 @lru_cache
 def _compiled_rope(scale: float):
     def rope(x, freqs, offset):
@@ -272,12 +285,12 @@ def _compiled_rope(scale: float):
             freqs=freqs,
         )
 
-    return mx.compile(rope)
+    return _StepCompiled(rope)
 
 
 def _rope(x, freqs, offset, scale=1.0):
     """Rotate x [..., L, D] from positions ``offset`` ([B]) on."""
-    return _compiled_rope(scale)(x, freqs, offset)
+    return _compiled_rope(scale)(x.shape[-2] == 1, x, freqs, offset)
 
 
 def _memoize(method):
@@ -402,7 +415,9 @@ class Rows:
 
 @lru_cache
 def _compiled_rms_norm(eps: float):
-    return mx.compile(lambda x, weight: mx.fast.rms_norm(x, weight, eps))
+    return mx.compile(
+        lambda x, weight: mx.fast.rms_norm(x, weight, eps), shapeless=True
+    )
 
 
 class RMSNorm(nn.RMSNorm):
@@ -436,7 +451,14 @@ class Compressor(nn.Module):
             return cache.pool
         pool = _compiled_pool(ratio, self.head_dim, self.overlap, self.norm.eps)
         entries = pool(
-            *buffers, idx, pos, self.ape, self.norm.weight, self._freqs, mx.array(first)
+            x.shape[1] == 1,
+            *buffers,
+            idx,
+            pos,
+            self.ape,
+            self.norm.weight,
+            self._freqs,
+            mx.array(first),
         )
         return cache.update_pool(entries.astype(x.dtype), first)
 
@@ -472,7 +494,7 @@ def _compiled_pool(ratio: int, head_dim: int, overlap: bool, eps: float):
             freqs=freqs,
         )
 
-    return mx.compile(pool)
+    return _StepCompiled(pool)
 
 
 class Indexer(nn.Module):
@@ -510,25 +532,26 @@ class Indexer(nn.Module):
         weights = self.weights_proj(x)
         scale = (self.n_heads * self.head_dim) ** -0.5
         k = self.index_topk
+        entries = mx.arange(n)
         chosen = []
         for i in range(0, length, _TOP_K_BLOCK):
             block = slice(i, i + _TOP_K_BLOCK)
+            scores = q[:, block] @ keys
             scores = _index_scores(
-                q[:, block] @ keys, weights[:, block], visible[:, block], scale
+                scores, weights[:, block], entries, visible[:, block], scale
             )
             chosen.append(mx.argpartition(-scores, k - 1, axis=-1)[..., :k])
         chosen = mx.concatenate(chosen, axis=1) if len(chosen) > 1 else chosen[0]
         return mx.stop_gradient(chosen)
 
 
-@mx.compile
-def _index_scores(scores, weights, visible, scale):
+@partial(mx.compile, shapeless=True)
+def _index_scores(scores, weights, entries, visible, scale):
     """Each entry's score: its heads' positive scores, weighted, summed in
     float32; -inf for the entries a query does not see [B, L, n]."""
     weights = weights.astype(mx.float32)[..., None] * scale
     scores = mx.sum(mx.maximum(scores, 0).astype(mx.float32) * weights, axis=-2)
-    n = scores.shape[-1]
-    return mx.where(mx.arange(n) < visible[..., None], scores, -mx.inf)
+    return mx.where(entries < visible[..., None], scores, -mx.inf)
 
 
 class Attention(nn.Module):
@@ -691,14 +714,17 @@ class Attention(nn.Module):
         return self.wo_b(out.swapaxes(1, 2).reshape(batch, length, -1))
 
 
-@mx.compile
+@partial(mx.compile, shapeless=True)
 def _sink_softmax(scores, mask, sinks):
-    """Softmax over the keys a query sees and its head's sink, in float32;
-    the weights of the keys in the scores' dtype."""
+    """Softmax in float32 over the keys a query sees and its head's sink
+    ([heads], next to the keys' axis); the weights of the keys in the
+    scores' dtype."""
     logits = mx.where(mask, scores.astype(mx.float32), -mx.inf)
-    sinks = mx.broadcast_to(sinks[:, None], (*logits.shape[:-1], 1))
-    weights = mx.softmax(mx.concatenate([sinks, logits], axis=-1), axis=-1)
-    return weights[..., 1:].astype(scores.dtype)
+    sinks = sinks[:, None]
+    top = mx.maximum(logits.max(axis=-1, keepdims=True), sinks)
+    weights = mx.exp(logits - top)
+    total = weights.sum(axis=-1, keepdims=True) + mx.exp(sinks - top)
+    return (weights / total).astype(scores.dtype)
 
 
 @lru_cache
@@ -719,10 +745,10 @@ def _compiled_collapse(hc: int, iters: int, hc_eps: float, norm_eps: float):
         pre, post, comb = deepseek_v41.HyperConnection.__call__(params, streams)
         return _collapse(streams, pre), post, comb
 
-    return mx.compile(collapse)
+    return _StepCompiled(collapse)
 
 
-_compiled_expand = mx.compile(_expand)
+_compiled_expand = mx.compile(_expand, shapeless=True)
 
 
 class HyperConnection(deepseek_v41.HyperConnection):
@@ -730,7 +756,15 @@ class HyperConnection(deepseek_v41.HyperConnection):
         """The streams mixed into one, and the post and comb mixes, in one
         compiled call."""
         fn = _compiled_collapse(self.hc, self.iters, self.hc_eps, self.norm_eps)
-        return fn(streams, self.fn, self.base, self.scale, self._scale_ids, self._eps)
+        return fn(
+            streams.shape[1] == 1,
+            streams,
+            self.fn,
+            self.base,
+            self.scale,
+            self._scale_ids,
+            self._eps,
+        )
 
 
 class Gate(nn.Module):
@@ -752,7 +786,7 @@ class Gate(nn.Module):
         hashed = "tid2eid" in self
         route = _compiled_gate(self.top_k, self.scale, hashed)
         choice = self.tid2eid[input_ids] if hashed else self.e_score_correction_bias
-        return route(x, self.weight, choice)
+        return route(x.shape[1] == 1, x, self.weight, choice)
 
 
 @lru_cache
@@ -772,7 +806,7 @@ def _compiled_gate(top_k: int, scale: float, hashed: bool):
         weights = weights / (mx.sum(weights, axis=-1, keepdims=True) + 1e-20)
         return inds, weights * scale
 
-    return mx.compile(route)
+    return _StepCompiled(route)
 
 
 def _freeze_hash_tables(module: nn.Module) -> None:
