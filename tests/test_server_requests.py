@@ -1,9 +1,9 @@
 # Copyright © 2026 Apple Inc.
 
-import ctypes
 import http.client
 import json
 import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -28,24 +28,25 @@ def make_model_provider(model_path, *args):
     return run.call_args.args[2]
 
 
+# Run in a fresh process, whose heap has no free chunk that could serve the
+# buffer: malloc an 8 MiB buffer after a 16 MiB one was freed and print how
+# many new mappings it took (glibc's mallinfo2().hblks, the 4th field).
+MMAP_PROBE = """
+import ctypes, sys
+from mlx_lm import server
+if sys.argv[1] == "fix":
+    server.fix_mmap_threshold()
+libc = ctypes.CDLL(None)
+libc.malloc.restype = ctypes.c_void_p
+libc.free.argtypes = [ctypes.c_void_p]
 class MallInfo(ctypes.Structure):
-    """glibc's struct mallinfo2."""
-
-    _fields_ = [
-        (name, ctypes.c_size_t)
-        for name in (
-            "arena",
-            "ordblks",
-            "smblks",
-            "hblks",
-            "hblkhd",
-            "usmblks",
-            "fsmblks",
-            "uordblks",
-            "fordblks",
-            "keepcost",
-        )
-    ]
+    _fields_ = [(str(i), ctypes.c_size_t) for i in range(10)]
+libc.mallinfo2.restype = MallInfo
+libc.free(libc.malloc(16 << 20))
+before = getattr(libc.mallinfo2(), "3")
+buffer = libc.malloc(8 << 20)
+print(getattr(libc.mallinfo2(), "3") - before)
+"""
 
 
 class ServerThread:
@@ -321,18 +322,21 @@ class TestServerMemory(unittest.TestCase):
         # glibc raises its mmap threshold to the size of a freed buffer
         # (up to 32 MiB); smaller buffers then come from heaps that keep
         # their memory when freed. The server keeps the threshold.
-        libc = ctypes.CDLL(None)
-        libc.malloc.restype = ctypes.c_void_p
-        libc.free.argtypes = [ctypes.c_void_p]
-        libc.mallinfo2.restype = MallInfo
-        with tempfile.TemporaryDirectory() as tmp:
-            make_model_provider(make_tiny_model_folder(Path(tmp) / "model"))
-        libc.free(libc.malloc(4 << 20))
-        before = libc.mallinfo2().hblks
-        buffer = libc.malloc(1 << 20)
-        mapped = libc.mallinfo2().hblks - before
-        libc.free(buffer)
-        self.assertEqual(mapped, 1)
+        with mock.patch.object(server, "fix_mmap_threshold") as fix:
+            with tempfile.TemporaryDirectory() as tmp:
+                make_model_provider(make_tiny_model_folder(Path(tmp) / "model"))
+        fix.assert_called_once()
+        mapped = {}
+        for arg in ("fix", "no-fix"):
+            run = subprocess.run(
+                [sys.executable, "-c", MMAP_PROBE, arg],
+                capture_output=True,
+                text=True,
+                timeout=120,
+            )
+            self.assertEqual(run.returncode, 0, run.stderr)
+            mapped[arg] = int(run.stdout)
+        self.assertEqual(mapped, {"fix": 1, "no-fix": 0})
 
 
 class TestServerWithABadModelFolder(unittest.TestCase):
