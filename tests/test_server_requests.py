@@ -301,10 +301,18 @@ class TestServerMemory(unittest.TestCase):
     def test_an_idle_server_gives_the_memory_of_its_requests_back(self):
         # Without it the resident memory of a server between bursts of
         # requests moves by 10% with what malloc and MLX's cache kept.
+        self.check_idle_release(batched=True)
+
+    def test_an_idle_unbatched_server_gives_the_memory_back(self):
+        # A draft model makes the server serve one request at a time.
+        self.check_idle_release(batched=False)
+
+    def check_idle_release(self, batched):
         trimmed = threading.Event()
         with tempfile.TemporaryDirectory() as tmp:
             path = make_tiny_model_folder(Path(tmp) / "model")
-            server_thread = ServerThread(path)
+            args = [] if batched else ["--draft-model", str(path)]
+            server_thread = ServerThread(path, *args)
             try:
                 with mock.patch.object(
                     server, "_malloc_trim", lambda pad: trimmed.set()
