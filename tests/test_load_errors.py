@@ -1,7 +1,6 @@
 # Copyright © 2026 Apple Inc.
 
 import json
-import socket
 import subprocess
 import sys
 import tempfile
@@ -18,9 +17,30 @@ from mlx_lm.chat_templates.deepseek_v4 import bos_token, eos_token
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
 from long_decode import make_model_folder  # noqa: E402
+from server_soak import free_port  # noqa: E402
 
 
-class TestBadModelFolders(unittest.TestCase):
+# Faults of a model folder; each returns what the error must name.
+def truncate_weights(path):
+    weights = path / "model.safetensors"
+    with open(weights, "r+b") as f:
+        f.truncate(weights.stat().st_size // 2)
+    return str(weights)
+
+
+def drop_chat_tokens(path):
+    make_tiny_tokenizer(path, 300, special_tokens=[bos_token, eos_token])
+    return "<｜User｜>"
+
+
+def mistype_config(path, key="num_attention_heads"):
+    config = json.loads((path / "config.json").read_text())
+    (config.get("text_config") or config)[key] = "4"
+    (path / "config.json").write_text(json.dumps(config))
+    return f"`{key}` '4' is not an integer"
+
+
+class TemporaryFolderTestCase(unittest.TestCase):
 
     def setUp(self):
         self._tmp = tempfile.TemporaryDirectory()
@@ -29,17 +49,18 @@ class TestBadModelFolders(unittest.TestCase):
     def tearDown(self):
         self._tmp.cleanup()
 
+
+class TestBadModelFolders(TemporaryFolderTestCase):
+
     def test_truncated_safetensors_name_the_file(self):
         path = make_tiny_model_folder(self.tmp / "model")
-        weights = path / "model.safetensors"
-        with open(weights, "r+b") as f:
-            f.truncate(weights.stat().st_size // 2)
+        truncate_weights(path)
         with self.assertRaisesRegex(ValueError, "model.safetensors"):
             load(str(path))
 
     def test_tokenizer_without_the_chat_tokens_names_them(self):
         path = make_tiny_model_folder(self.tmp / "model")
-        make_tiny_tokenizer(path, 300, special_tokens=[bos_token, eos_token])
+        drop_chat_tokens(path)
         with self.assertRaisesRegex(ValueError, "<｜User｜>.*deepseek_v4"):
             load(str(path))
 
@@ -50,31 +71,18 @@ class TestBadModelFolders(unittest.TestCase):
         ):
             with self.subTest(model_type=model_type):
                 path = make_model_folder(self.tmp / model_type, model_type)
-                config = json.loads((path / "config.json").read_text())
-                (config.get("text_config") or config)[key] = "4"
-                (path / "config.json").write_text(json.dumps(config))
-                with self.assertRaisesRegex(
-                    ValueError, f"`{key}` '4' is not an integer"
-                ):
+                named = mistype_config(path, key)
+                with self.assertRaisesRegex(ValueError, named):
                     load(str(path))
 
 
-class TestServerWithBadModelFolders(unittest.TestCase):
+class TestServerWithBadModelFolders(TemporaryFolderTestCase):
     """`mlx_lm.server --model` stops at start on a folder it cannot load."""
-
-    def setUp(self):
-        self._tmp = tempfile.TemporaryDirectory()
-        self.tmp = Path(self._tmp.name)
-
-    def tearDown(self):
-        self._tmp.cleanup()
 
     def serve(self, path):
         """Start the server on ``path``; return its exit code and stderr, or
         fail if it answers on its port instead."""
-        with socket.socket() as s:
-            s.bind(("127.0.0.1", 0))
-            port = s.getsockname()[1]
+        port = free_port()
         cmd = [sys.executable, "-m", "mlx_lm", "server", "--model", str(path)]
         cmd += ["--port", str(port)]
         process = subprocess.Popen(
@@ -98,22 +106,6 @@ class TestServerWithBadModelFolders(unittest.TestCase):
         return process.returncode, stderr
 
     def test_the_server_exits_naming_the_file_token_or_field(self):
-        def truncate_weights(path):
-            weights = path / "model.safetensors"
-            with open(weights, "r+b") as f:
-                f.truncate(weights.stat().st_size // 2)
-            return str(weights)
-
-        def drop_chat_tokens(path):
-            make_tiny_tokenizer(path, 300, special_tokens=[bos_token, eos_token])
-            return "<｜User｜>"
-
-        def mistype_config(path):
-            config = json.loads((path / "config.json").read_text())
-            config["num_attention_heads"] = "4"
-            (path / "config.json").write_text(json.dumps(config))
-            return "`num_attention_heads` '4' is not an integer"
-
         for fault in (truncate_weights, drop_chat_tokens, mistype_config):
             with self.subTest(fault=fault.__name__):
                 path = make_tiny_model_folder(self.tmp / fault.__name__)
