@@ -192,14 +192,19 @@ class TestDeepseekV4Batch(unittest.TestCase):
     def test_long_left_padded_prompts_match_single_rows(self):
         self.check_left_padding(self.long_prompts)
 
+    def merged_a_and_c(self):
+        """Caches of prompts a and c, and the batch merged from them."""
+        caches = [make_prompt_cache(self.model) for _ in range(2)]
+        for cache, name in zip(caches, "ac"):
+            mx.eval(self.model(mx.array([self.prompts[name]]), cache))
+        batch = [c.merge([a, b]) for c, a, b in zip(caches[0], *caches)]
+        return caches, batch
+
     def test_extracted_and_copied_rows_hold_what_nbytes_reports(self):
         # A view into a pool or window of the batch would keep its whole
         # buffer alive after the batch is gone.
         model = self.model
-        caches = [make_prompt_cache(model) for _ in range(2)]
-        for cache, name in zip(caches, "ac"):
-            mx.eval(model(mx.array([self.prompts[name]]), cache))
-        batch = [c.merge([a, b]) for c, a, b in zip(caches[0], *caches)]
+        caches, batch = self.merged_a_and_c()
         for token in range(3):
             mx.eval(model(mx.array([[token], [token]]), batch))
         limit = mx.set_cache_limit(0)
@@ -221,10 +226,7 @@ class TestDeepseekV4Batch(unittest.TestCase):
     def test_merge_and_extract_copy_the_rows(self):
         # A server keeps the caches it merged from and the ones it extracted.
         model = self.model
-        caches = [make_prompt_cache(model) for _ in range(2)]
-        for cache, name in zip(caches, "ac"):
-            mx.eval(model(mx.array([self.prompts[name]]), cache))
-        batch = [c.merge([a, b]) for c, a, b in zip(caches[0], *caches)]
+        caches, batch = self.merged_a_and_c()
         self.assertIsInstance(batch[0], BatchWindowCompressorCache)
         extracted = [c.extract(1) for c in batch]
         kept = [caches[0], caches[1], extracted]

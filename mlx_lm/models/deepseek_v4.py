@@ -707,6 +707,9 @@ class Attention(nn.Module):
         out = _rope(out, self._inverse_freqs, rows.shift).swapaxes(1, 2)
         # Each group of heads has its own projection: [B, groups, L, dims].
         out = out.reshape(batch, length, self.o_groups, -1).swapaxes(1, 2)
+        # Plain weights as one batched matmul: gather_mm of whole groups
+        # needs a JIT-compiled kernel on CUDA; quantized ones go through
+        # gather_qmm (and LoRA through its own call).
         if isinstance(self.wo_a, SwitchLinear):
             out = out @ self.wo_a.weight.swapaxes(-1, -2)
         else:
