@@ -754,6 +754,28 @@ def _compiled_collapse(hc: int, iters: int, hc_eps: float, norm_eps: float):
 _compiled_expand = mx.compile(_expand, shapeless=True)
 
 
+@partial(mx.compile, shapeless=True)
+def _expand_by_stream(x, residual, post, comb_rows, streams):
+    """``_expand`` one input stream at a time: no [B, L, hc, hc, D] product
+    (256 MB per call for 1,024 tokens of Flash)."""
+    mixed = mx.expand_dims(comb_rows[0], -1) * streams[0]
+    for row, stream in zip(comb_rows[1:], streams[1:]):
+        mixed = mixed + mx.expand_dims(row, -1) * stream
+    out = mx.expand_dims(post, -1) * mx.expand_dims(x, -2) + mixed
+    return out.astype(residual.dtype)
+
+
+def _expand_streams(x, residual, post, comb):
+    """The layer's output x written back into the streams."""
+    if residual.shape[1] == 1:
+        return _compiled_expand(x, residual, post, comb)
+    # Slices stay out of the shapeless compile.
+    hc = residual.shape[2]
+    rows = [comb[:, :, i] for i in range(hc)]
+    streams = [residual[:, :, i : i + 1] for i in range(hc)]
+    return _expand_by_stream(x, residual, post, rows, streams)
+
+
 class HyperConnection(deepseek_v41.HyperConnection):
     def collapse(self, streams: mx.array):
         """The streams mixed into one, and the post and comb mixes, in one
@@ -868,10 +890,10 @@ class DecoderLayer(nn.Module):
     ) -> mx.array:
         x, post, comb = self.attn_hc.collapse(h)
         x = self.attn(self.attn_norm(x), cache, rows)
-        h = _compiled_expand(x, h, post, comb)
+        h = _expand_streams(x, h, post, comb)
         x, post, comb = self.ffn_hc.collapse(h)
         x = self.ffn(self.ffn_norm(x), input_ids)
-        return _compiled_expand(x, h, post, comb)
+        return _expand_streams(x, h, post, comb)
 
 
 class HyperHead(nn.Module):
