@@ -732,8 +732,10 @@ def _sink_softmax(scores, mask, sinks):
 
 @lru_cache
 def _compiled_collapse(hc: int, iters: int, hc_eps: float, norm_eps: float):
+    """A decode step's collapse in one compiled call (shapes repeat there)."""
+
     def collapse(streams, fn, base, scale, scale_ids, eps):
-        # Upstream's mixes (its Sinkhorn kernel on Metal), given the arrays.
+        # Upstream's mixes (its Sinkhorn kernel on a GPU), given the arrays.
         params = SimpleNamespace(
             hc=hc,
             iters=iters,
@@ -748,7 +750,16 @@ def _compiled_collapse(hc: int, iters: int, hc_eps: float, norm_eps: float):
         pre, post, comb = deepseek_v41.HyperConnection.__call__(params, streams)
         return _collapse(streams, pre), post, comb
 
-    return _StepCompiled(collapse)
+    return mx.compile(collapse)
+
+
+@partial(mx.compile, shapeless=True)
+def _collapse_by_stream(weights, streams):
+    """``_collapse`` one stream at a time: no float32 copy of the streams."""
+    out = mx.expand_dims(weights[0], -1) * streams[0].astype(mx.float32)
+    for w, stream in zip(weights[1:], streams[1:]):
+        out = out + mx.expand_dims(w, -1) * stream.astype(mx.float32)
+    return out.astype(streams[0].dtype)
 
 
 _compiled_expand = mx.compile(_expand, shapeless=True)
@@ -778,18 +789,18 @@ def _expand_streams(x, residual, post, comb):
 
 class HyperConnection(deepseek_v41.HyperConnection):
     def collapse(self, streams: mx.array):
-        """The streams mixed into one, and the post and comb mixes, in one
-        compiled call."""
-        fn = _compiled_collapse(self.hc, self.iters, self.hc_eps, self.norm_eps)
-        return fn(
-            streams.shape[1] == 1,
-            streams,
-            self.fn,
-            self.base,
-            self.scale,
-            self._scale_ids,
-            self._eps,
-        )
+        """The streams mixed into one, and the post and comb mixes."""
+        if streams.shape[1] == 1:
+            fn = _compiled_collapse(self.hc, self.iters, self.hc_eps, self.norm_eps)
+            args = self.fn, self.base, self.scale, self._scale_ids, self._eps
+            return fn(streams, *args)
+        # A prompt's mixes run uncompiled: compiled, each new prompt length
+        # would keep one more trace in memory.
+        pre, post, comb = self(streams)
+        # Slices stay out of the shapeless compile.
+        weights = [pre[:, :, i] for i in range(self.hc)]
+        parts = [streams[:, :, i] for i in range(self.hc)]
+        return _collapse_by_stream(weights, parts), post, comb
 
 
 class Gate(nn.Module):
