@@ -30,6 +30,7 @@ import functools
 import importlib.util
 import io
 import math
+import statistics
 import sys
 import time
 import types
@@ -327,27 +328,36 @@ def parse_lengths(text):
 def speed(args, config, drivers, weight_bytes):
     prefill, decode = parse_lengths(args.prefill), parse_lengths(args.decode)
     lengths = sorted(set(prefill) | set(decode))
-    warmup = mx.arange(min(lengths) + 1) % config["vocab_size"]
+    # Warm up: kernels are built on first use. Two chunks reach the paths
+    # of a long context (the indexer's top-k past 512 entries).
+    warmup = min(max(lengths), 2 * args.prefill_step) + 1
+    warmup = mx.arange(warmup) % config["vocab_size"]
     for d in drivers:
-        # Warm up: kernels are built on first use.
         cache, y = d.prefill(warmup)
         d.decode(y, cache, 4)
         del cache, y
     if len(drivers) == 2:
         # The same function of the same weights, up to rounding.
-        a, b = (d.forward(warmup[None], d.model.make_cache()) for d in drivers)
+        tokens = warmup[None, : min(lengths) + 1]
+        a, b = (d.forward(tokens, d.model.make_cache()) for d in drivers)
         stats = ErrorStats()
         stats.add(a, b)
-        print(f"fork vs peer logits, {warmup.size} tokens (peer reference): {stats}")
-    results = {}
+        print(f"fork vs peer logits, {tokens.size} tokens (peer reference): {stats}")
+    runs = {}
     for length in lengths:
-        for d in drivers:
-            r = measure(d, length, args.steps, weight_bytes, length in decode)
-            results[d.name, length] = r
-            line = f"  {d.name:5} {length:>6}: prefill {r['prefill']:9.1f} tok/s"
-            if "decode" in r:
-                line += f", decode {r['decode']:7.1f} tok/s"
-            print(line, flush=True)
+        # Repeats alternate the models; the table shows the medians.
+        for _ in range(args.repeat):
+            for d in drivers:
+                r = measure(d, length, args.steps, weight_bytes, length in decode)
+                runs.setdefault((d.name, length), []).append(r)
+                line = f"  {d.name:5} {length:>6}: prefill {r['prefill']:9.1f} tok/s"
+                if "decode" in r:
+                    line += f", decode {r['decode']:7.1f} tok/s"
+                print(line, flush=True)
+    results = {
+        key: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
+        for key, rs in runs.items()
+    }
 
     gb = 1 << 30
     columns = [
@@ -359,7 +369,10 @@ def speed(args, config, drivers, weight_bytes):
     ]
     names = [d.name for d in drivers]
     print()
-    print("peak GB: peak memory above the weights; ratio: fork / peer")
+    print(
+        "peak GB: peak memory above the weights; ratio: fork / peer"
+        + (f"; medians of {args.repeat} runs" if args.repeat > 1 else "")
+    )
     header = f"{'length':>6} {'metric':<16}" + "".join(f"{n:>10}" for n in names)
     print(header + (f"{'ratio':>10}" if len(names) == 2 else ""))
     for length in lengths:
@@ -594,6 +607,9 @@ def main():
     parser.add_argument("--prefill", default="2048,16384,32768")
     parser.add_argument("--decode", default="1024,8192,32768")
     parser.add_argument("--steps", type=int, default=64, help="decode steps")
+    parser.add_argument(
+        "--repeat", type=int, default=1, help="runs per length and model (medians)"
+    )
     parser.add_argument("--prefill-step", type=int, default=2048)
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--seed", type=int, default=0)
