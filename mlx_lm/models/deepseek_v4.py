@@ -776,17 +776,6 @@ def _expand_by_stream(x, residual, post, comb_rows, streams):
     return out.astype(residual.dtype)
 
 
-def _expand_streams(x, residual, post, comb):
-    """The layer's output x written back into the streams."""
-    if residual.shape[1] == 1:
-        return _compiled_expand(x, residual, post, comb)
-    # Slices stay out of the shapeless compile.
-    hc = residual.shape[2]
-    rows = [comb[:, :, i] for i in range(hc)]
-    streams = [residual[:, :, i : i + 1] for i in range(hc)]
-    return _expand_by_stream(x, residual, post, rows, streams)
-
-
 class HyperConnection(deepseek_v41.HyperConnection):
     def collapse(self, streams: mx.array):
         """The streams mixed into one, and the post and comb mixes."""
@@ -801,6 +790,14 @@ class HyperConnection(deepseek_v41.HyperConnection):
         weights = [pre[:, :, i] for i in range(self.hc)]
         parts = [streams[:, :, i] for i in range(self.hc)]
         return _collapse_by_stream(weights, parts), post, comb
+
+    def expand(self, x: mx.array, streams: mx.array, post: mx.array, comb: mx.array):
+        """The layer's output x written back into the streams."""
+        if streams.shape[1] == 1:
+            return _compiled_expand(x, streams, post, comb)
+        rows = [comb[:, :, i] for i in range(self.hc)]
+        parts = [streams[:, :, i : i + 1] for i in range(self.hc)]
+        return _expand_by_stream(x, streams, post, rows, parts)
 
 
 class Gate(nn.Module):
@@ -901,10 +898,10 @@ class DecoderLayer(nn.Module):
     ) -> mx.array:
         x, post, comb = self.attn_hc.collapse(h)
         x = self.attn(self.attn_norm(x), cache, rows)
-        h = _expand_streams(x, h, post, comb)
+        h = self.attn_hc.expand(x, h, post, comb)
         x, post, comb = self.ffn_hc.collapse(h)
         x = self.ffn(self.ffn_norm(x), input_ids)
-        return _expand_streams(x, h, post, comb)
+        return self.ffn_hc.expand(x, h, post, comb)
 
 
 class HyperHead(nn.Module):
