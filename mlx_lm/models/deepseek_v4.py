@@ -753,27 +753,30 @@ def _compiled_collapse(hc: int, iters: int, hc_eps: float, norm_eps: float):
     return mx.compile(collapse)
 
 
+def _weighted_sum(weights, streams):
+    """The streams, each times its float32 weights, summed one at a time."""
+    out = mx.expand_dims(weights[0], -1) * streams[0]
+    for w, stream in zip(weights[1:], streams[1:]):
+        out = out + mx.expand_dims(w, -1) * stream
+    return out
+
+
 @partial(mx.compile, shapeless=True)
 def _collapse_by_stream(weights, streams):
     """``_collapse`` one stream at a time: no float32 copy of the streams."""
-    out = mx.expand_dims(weights[0], -1) * streams[0].astype(mx.float32)
-    for w, stream in zip(weights[1:], streams[1:]):
-        out = out + mx.expand_dims(w, -1) * stream.astype(mx.float32)
-    return out.astype(streams[0].dtype)
+    return _weighted_sum(weights, streams).astype(streams[0].dtype)
 
 
 _compiled_expand = mx.compile(_expand, shapeless=True)
 
 
 @partial(mx.compile, shapeless=True)
-def _expand_by_stream(x, residual, post, comb_rows, streams):
+def _expand_by_stream(x, post, comb_rows, streams):
     """``_expand`` one input stream at a time: no [B, L, hc, hc, D] product
     (256 MB per call for 1,024 tokens of Flash)."""
-    mixed = mx.expand_dims(comb_rows[0], -1) * streams[0]
-    for row, stream in zip(comb_rows[1:], streams[1:]):
-        mixed = mixed + mx.expand_dims(row, -1) * stream
+    mixed = _weighted_sum(comb_rows, streams)
     out = mx.expand_dims(post, -1) * mx.expand_dims(x, -2) + mixed
-    return out.astype(residual.dtype)
+    return out.astype(streams[0].dtype)
 
 
 class HyperConnection(deepseek_v41.HyperConnection):
@@ -797,7 +800,7 @@ class HyperConnection(deepseek_v41.HyperConnection):
             return _compiled_expand(x, streams, post, comb)
         rows = [comb[:, :, i] for i in range(self.hc)]
         parts = [streams[:, :, i : i + 1] for i in range(self.hc)]
-        return _expand_by_stream(x, streams, post, rows, parts)
+        return _expand_by_stream(x, post, rows, parts)
 
 
 class Gate(nn.Module):
