@@ -1,6 +1,7 @@
 # Copyright © 2026 Apple Inc.
 
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -104,6 +105,45 @@ class TestServerWithBadModelFolders(TemporaryFolderTestCase):
             process.kill()
             _, stderr = process.communicate()
         return process.returncode, stderr
+
+    def test_the_server_exits_cleanly_while_the_cpus_are_busy(self):
+        # A worker thread that ran MLX code used to free its MLX state at its
+        # own exit, which could fall inside the interpreter's shutdown and
+        # abort the process (std::terminate, exit status -6) after the
+        # message; busy CPUs widen that window.
+        faults = (truncate_weights, drop_chat_tokens, mistype_config)
+        folders = []
+        for fault in faults:
+            path = make_tiny_model_folder(self.tmp / fault.__name__)
+            folders.append((path, fault(path)))
+        spin = "while True: pass"
+        busy = [
+            subprocess.Popen([sys.executable, "-c", spin])
+            for _ in range(os.cpu_count() or 2)
+        ]
+        try:
+            for start in range(8):
+                servers = []
+                for path, named in folders:
+                    cmd = [sys.executable, "-m", "mlx_lm", "server"]
+                    cmd += ["--model", str(path), "--port", str(free_port())]
+                    process = subprocess.Popen(
+                        cmd, cwd=path.parent, stderr=subprocess.PIPE, text=True
+                    )
+                    servers.append((process, named))
+                for process, named in servers:
+                    try:
+                        _, stderr = process.communicate(timeout=300)
+                    finally:
+                        process.kill()
+                    with self.subTest(start=start, named=named):
+                        self.assertEqual(process.returncode, 1, stderr)
+                        self.assertIn(named, stderr)
+                        self.assertNotIn("terminate called", stderr)
+        finally:
+            for process in busy:
+                process.kill()
+                process.wait()
 
     def test_the_server_exits_naming_the_file_token_or_field(self):
         for fault in (truncate_weights, drop_chat_tokens, mistype_config):
