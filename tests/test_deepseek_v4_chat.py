@@ -9,7 +9,12 @@ from mlx_lm.server import ToolCallFormatter
 from test_deepseek_v4 import make_tiny_model_folder
 
 from mlx_lm import load
-from mlx_lm.chat_templates.deepseek_v4 import apply_chat_template, render_tool_calls
+from mlx_lm.chat_templates.deepseek_v4 import (
+    apply_chat_template,
+    bos_token,
+    render_tool_calls,
+    user_token,
+)
 from mlx_lm.tool_parsers import deepseek_v4 as tool_parser
 
 # Conversations, as mlx_lm.server hands them to the encoder (tool call
@@ -599,7 +604,11 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
             (r"messages\[0\]: user content", [{"role": "user", "content": None}], {}),
             (r"tools\[0\]", [hi], {"tools": [{"name": "f"}]}),
             ("thinking_mode", [hi], {"thinking_mode": "deep"}),
-            ("continue_final_message", [hi], {"continue_final_message": True}),
+            (
+                "continue_final_message",
+                [{"role": "system", "content": "s"}],
+                {"continue_final_message": True},
+            ),
         ]
         for field, messages, kwargs in bad:
             with self.subTest(field):
@@ -609,6 +618,15 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
             apply_chat_template(
                 [hi], add_generation_prompt=True, continue_final_message=True
             )
+
+    def test_continue_final_message_leaves_a_user_turn_open(self):
+        # As mlx_lm.cache_prompt asks: the turn ends where its text ends.
+        for role in ("user", "developer"):
+            with self.subTest(role):
+                messages = [{"role": role, "content": "The quick"}]
+                text = apply_chat_template(messages, continue_final_message=True)
+                self.assertEqual(text, f"{bos_token}{user_token}The quick")
+                self.assertEqual(text, apply_chat_template(messages))
 
     def test_messages_are_not_changed(self):
         messages = json.loads(json.dumps(CASES[13][1]))

@@ -1,6 +1,8 @@
 # Copyright © 2026 Apple Inc.
 
 import copy
+import subprocess
+import sys
 import tempfile
 import unittest
 from pathlib import Path
@@ -219,6 +221,43 @@ class TestDeepseekV4SpeculativeAndPromptCache(unittest.TestCase):
                 logits = model(mx.array(rest)[None], cache=cache)
                 expected = model(mx.array(rest)[None], cache=prefilled(edited[:reused]))
                 self.assertLess(max_diff(logits, expected), 1e-6)
+
+
+    def test_cache_prompt_then_generate_continues_the_prompt(self):
+        # mlx_lm.cache_prompt leaves the user's turn open; generate then
+        # adds the rest of that turn and the assistant's prompt.
+        path, out = Path(self.dir.name), Path(self.dir.name) / "prompt.safetensors"
+        start, rest = "The quick brown fox", " jumps over the lazy dog"
+        cmd = [sys.executable, "-m", "mlx_lm", "cache_prompt", "--model", path]
+        run = subprocess.run(
+            cmd + ["--prompt", start, "--prompt-cache-file", out],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        self.assertEqual(run.returncode, 0, run.stderr)
+        cached = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": start}], continue_final_message=True
+        )
+        cache = load_prompt_cache(str(out))
+        self.assertEqual(cache[0].size(), len(cached))
+
+        cmd = [sys.executable, "-m", "mlx_lm", "generate", "--prompt-cache-file"]
+        run = subprocess.run(
+            cmd + [out, "--prompt", rest, "--max-tokens", "12", "--verbose", "T"],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        self.assertEqual(run.returncode, 0, run.stderr)
+        # The cache holds the start of the whole conversation's tokens.
+        full = self.tokenizer.apply_chat_template(
+            [{"role": "user", "content": start + rest}], add_generation_prompt=True
+        )
+        self.assertEqual(full[: len(cached)], cached)
+        steps = stream_generate(self.model, self.tokenizer, full, max_tokens=12)
+        expected = "".join(r.text for r in steps)
+        self.assertIn(f"==========\n{expected}\n==========", run.stdout)
 
 
 class TestDeepseekV4ServerDraftModel(unittest.TestCase):

@@ -327,9 +327,10 @@ def apply_chat_template(
     ``enable_thinking`` (or ``thinking``) picks thinking or chat mode,
     ``reasoning_effort`` is ``"max"``, ``"high"`` or ``None``. Earlier
     reasoning is dropped unless ``drop_thinking=False`` or there are tools.
-    ``continue_final_message`` leaves the final assistant message open
-    (DeepSeek's ``wo_eos``); without ``add_generation_prompt`` a final user
-    turn is not followed by the assistant's.
+    ``continue_final_message`` leaves the final message open: an assistant
+    message without its eos (DeepSeek's ``wo_eos``), a user or developer
+    turn without the assistant's after it (as without
+    ``add_generation_prompt``).
     """
     if continue_final_message and add_generation_prompt:
         raise ValueError(
@@ -366,9 +367,17 @@ def apply_chat_template(
             f"{list(REASONING_EFFORTS)}"
         )
     if continue_final_message:
-        if not messages or messages[-1].get("role") != "assistant":
-            raise ValueError("continue_final_message needs a final assistant message")
-        messages[-1] = {**messages[-1], "wo_eos": True}
+        # A final user or developer turn stays open as it is without
+        # add_generation_prompt (mlx_lm.cache_prompt leaves the user's turn
+        # open for the prompt that follows); an assistant's loses its eos.
+        role = messages[-1].get("role") if messages else None
+        if role not in ("assistant", "user", "developer"):
+            raise ValueError(
+                "continue_final_message needs a final assistant, user or "
+                f"developer message, not {role!r}"
+            )
+        if role == "assistant":
+            messages[-1] = {**messages[-1], "wo_eos": True}
 
     messages = _merge_tool_results(messages)
     _sort_tool_results(messages)
