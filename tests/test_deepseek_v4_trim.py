@@ -222,7 +222,6 @@ class TestDeepseekV4SpeculativeAndPromptCache(unittest.TestCase):
                 expected = model(mx.array(rest)[None], cache=prefilled(edited[:reused]))
                 self.assertLess(max_diff(logits, expected), 1e-6)
 
-
     def test_cache_prompt_then_generate_continues_the_prompt(self):
         # mlx_lm.cache_prompt leaves the user's turn open; generate then
         # adds the rest of that turn and the assistant's prompt.
