@@ -591,7 +591,8 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
             return {"role": "assistant", "content": "", "tool_calls": [call]}
 
         bad = [
-            ("reasoning_effort", [hi], {"reasoning_effort": "low"}),
+            ("reasoning_effort", [hi], {"reasoning_effort": "lowest"}),
+            ("'deep'", [hi], {"deep": True}),
             ("developer", [{"role": "developer", "content": ""}], {}),
             ("role 'bot'", [hi, {"role": "bot", "content": "x"}], {}),
             (
@@ -618,6 +619,30 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
             apply_chat_template(
                 [hi], add_generation_prompt=True, continue_final_message=True
             )
+
+    def test_openai_reasoning_efforts_map_as_vllm_maps_them(self):
+        messages = [
+            {"role": "system", "content": "s"},
+            {"role": "user", "content": "Hi"},
+        ]
+
+        def render(**kwargs):
+            return apply_chat_template(messages, add_generation_prompt=True, **kwargs)
+
+        expected = {
+            "none": render(enable_thinking=False),
+            "minimal": render(reasoning_effort="high"),
+            "low": render(reasoning_effort="high"),
+            "medium": render(reasoning_effort="high"),
+            "xhigh": render(reasoning_effort="max"),
+        }
+        self.assertNotEqual(expected["none"], expected["low"])
+        self.assertNotEqual(expected["low"], expected["xhigh"])
+        for effort, text in expected.items():
+            with self.subTest(effort):
+                self.assertEqual(render(reasoning_effort=effort), text)
+        with self.assertRaisesRegex(ValueError, "'none', 'minimal', 'low'"):
+            render(reasoning_effort="lowest")
 
     def test_continue_final_message_leaves_a_user_turn_open(self):
         # As mlx_lm.cache_prompt asks: the turn ends where its text ends.

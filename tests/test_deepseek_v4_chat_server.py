@@ -15,6 +15,7 @@ import json
 import tempfile
 import threading
 import unittest
+import urllib.error
 import urllib.request
 from pathlib import Path
 from unittest import mock
@@ -33,6 +34,7 @@ from mlx_lm.tokenizer_utils import TokenizerWrapper
 from test_deepseek_v4 import TINY_CONFIG, make_tiny_model, make_tiny_tokenizer
 
 from mlx_lm import load
+from mlx_lm.chat_templates.deepseek_v4 import apply_chat_template
 
 HAS_OPENAI = importlib.util.find_spec("openai") is not None
 
@@ -254,6 +256,51 @@ class TestDeepseekV4ChatServer(unittest.TestCase):
         self.assertEqual(message["reasoning"], "It is sunny in Paris.")
         self.assertFalse(message.get("tool_calls"))
         self.assertEqual(prompts, [TURN_1_PROMPT, TURN_2_PROMPT])
+
+    def status_of(self, body):
+        """The status and JSON answer of a request."""
+        try:
+            return 200, self.post(body)
+        except urllib.error.HTTPError as e:
+            return e.code, json.load(e)
+
+    def test_openai_reasoning_efforts_are_honoured(self):
+        ask = [{"role": "user", "content": "Weather in Paris?"}]
+        prompts, patch = self.record_prompts()
+        with patch:
+            for effort in ("none", "minimal", "low", "medium", "high", "xhigh"):
+                with self.subTest(effort):
+                    body = {"messages": ask, "max_tokens": 2}
+                    status, answer = self.status_of(
+                        {**body, "reasoning_effort": effort}
+                    )
+                    self.assertEqual(status, 200, answer)
+        # "none" is chat mode, "xhigh" DeepSeek's max, the rest its high.
+        chat, high, max_ = (
+            apply_chat_template(ask, add_generation_prompt=True, **kwargs)
+            for kwargs in (
+                {"enable_thinking": False},
+                {"reasoning_effort": "high"},
+                {"reasoning_effort": "max"},
+            )
+        )
+        self.assertEqual(prompts, [chat, high, high, high, high, max_])
+
+    def test_what_the_template_rejects_is_a_400_naming_the_field(self):
+        ask = [{"role": "user", "content": "Hi"}]
+        bad = [
+            ({"reasoning_effort": "lowest"}, "reasoning_effort 'lowest'.*'none'"),
+            ({"reasoning_effort": 3}, "reasoning_effort must be a string"),
+            ({"chat_template_kwargs": {"thinking_mode": "fast"}}, "'chat' or"),
+            ({"chat_template_kwargs": {"thinking_mod": "chat"}}, "thinking_mod'"),
+            ({"chat_template_kwargs": "chat"}, "chat_template_kwargs must be"),
+            ({"tools": [{"type": "function"}]}, r"tools\[0\] has no 'function'"),
+        ]
+        for fields, named in bad:
+            with self.subTest(**{k: str(v) for k, v in fields.items()}):
+                status, answer = self.status_of({"messages": ask, **fields})
+                self.assertEqual(status, 400, answer)
+                self.assertRegex(answer["error"], named)
 
     def test_reasoning_effort_reaches_only_templates_that_name_it(self):
         _, tokenizer = load(str(self.path))

@@ -42,6 +42,18 @@ task_tokens = {
 
 REASONING_EFFORTS = ("max", "high", None)
 
+# OpenAI's reasoning_effort values as vLLM maps them for DeepSeek-V4: "none"
+# turns thinking off, "xhigh" asks for DeepSeek's "max", the rest for "high".
+OPENAI_REASONING_EFFORTS = {
+    "none": None,
+    "minimal": "high",
+    "low": "high",
+    "medium": "high",
+    "high": "high",
+    "xhigh": "max",
+    "max": "max",
+}
+
 REASONING_EFFORT_MAX = (
     "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"
     "You MUST be very thorough in your thinking and comprehensively decompose "
@@ -320,12 +332,17 @@ def apply_chat_template(
     reasoning_effort: Optional[str] = None,
     drop_thinking: bool = True,
     response_format: Optional[Dict[str, Any]] = None,
+    thinking: Optional[bool] = None,
+    thinking_mode: Optional[str] = None,
+    return_dict: bool = False,
     **kwargs,
 ) -> str:
     """Render ``messages`` as DeepSeek's ``encode_messages`` does.
 
-    ``enable_thinking`` (or ``thinking``) picks thinking or chat mode,
-    ``reasoning_effort`` is ``"max"``, ``"high"`` or ``None``. Earlier
+    ``enable_thinking`` (or ``thinking``, or ``thinking_mode`` ``"chat"`` or
+    ``"thinking"``) picks thinking or chat mode. ``reasoning_effort`` is
+    DeepSeek's ``"max"``, ``"high"`` or ``None``, or one of OpenAI's values
+    (``OPENAI_REASONING_EFFORTS``; ``"none"`` is chat mode). Earlier
     reasoning is dropped unless ``drop_thinking=False`` or there are tools.
     ``continue_final_message`` leaves the final message open: an assistant
     message without its eos (DeepSeek's ``wo_eos``), a user or developer
@@ -336,14 +353,32 @@ def apply_chat_template(
         raise ValueError(
             "Only one of continue_final_message or add_generation_prompt can be True"
         )
-    thinking = kwargs.get("thinking", enable_thinking)
-    if "thinking_mode" in kwargs:
-        if kwargs["thinking_mode"] not in ("chat", "thinking"):
+    if kwargs:
+        raise ValueError(
+            f"Unknown chat template arguments {sorted(kwargs)} for DeepSeek-V4, "
+            "expected among add_generation_prompt, continue_final_message, "
+            "drop_thinking, enable_thinking, reasoning_effort, response_format, "
+            "thinking, thinking_mode, tools"
+        )
+    if return_dict:
+        raise ValueError("return_dict=True is not supported: the template gives text")
+    thinking = enable_thinking if thinking is None else thinking
+    if thinking_mode is not None:
+        if thinking_mode not in ("chat", "thinking"):
             raise ValueError(
-                f"Invalid thinking_mode {kwargs['thinking_mode']!r}, "
+                f"Invalid thinking_mode {thinking_mode!r}, "
                 "expected 'chat' or 'thinking'"
             )
-        thinking = kwargs["thinking_mode"] == "thinking"
+        thinking = thinking_mode == "thinking"
+    if reasoning_effort not in REASONING_EFFORTS:
+        if reasoning_effort not in OPENAI_REASONING_EFFORTS:
+            raise ValueError(
+                f"Invalid reasoning_effort {reasoning_effort!r}, expected one of "
+                f"{list(OPENAI_REASONING_EFFORTS)}"
+            )
+        if reasoning_effort == "none":
+            thinking = False
+        reasoning_effort = OPENAI_REASONING_EFFORTS[reasoning_effort]
 
     messages = list(messages)
     if tools or response_format:
@@ -361,11 +396,6 @@ def apply_chat_template(
         if response_format:
             system["response_format"] = response_format
         messages[0] = system
-    if messages and reasoning_effort not in REASONING_EFFORTS:
-        raise ValueError(
-            f"Invalid reasoning_effort {reasoning_effort!r}, expected one of "
-            f"{list(REASONING_EFFORTS)}"
-        )
     if continue_final_message:
         # A final user or developer turn stays open as it is without
         # add_generation_prompt (mlx_lm.cache_prompt leaves the user's turn
