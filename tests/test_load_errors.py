@@ -50,6 +50,32 @@ class TemporaryFolderTestCase(unittest.TestCase):
     def tearDown(self):
         self._tmp.cleanup()
 
+    def serve(self, path, *options):
+        """Start the server on ``path``; return its exit code and stderr, or
+        fail if it answers on its port instead."""
+        port = free_port()
+        cmd = [sys.executable, "-m", "mlx_lm", "server", "--model", str(path)]
+        cmd += ["--port", str(port), *options]
+        process = subprocess.Popen(
+            cmd, cwd=path.parent, stderr=subprocess.PIPE, text=True
+        )
+        try:
+            while process.poll() is None:
+                try:
+                    urllib.request.urlopen(
+                        f"http://127.0.0.1:{port}/health", timeout=60
+                    )
+                except urllib.error.HTTPError:
+                    pass
+                except OSError:
+                    time.sleep(0.5)
+                    continue
+                self.fail("mlx_lm.server serves a model it cannot load")
+        finally:
+            process.kill()
+            _, stderr = process.communicate()
+        return process.returncode, stderr
+
 
 class TestBadModelFolders(TemporaryFolderTestCase):
 
@@ -79,32 +105,6 @@ class TestBadModelFolders(TemporaryFolderTestCase):
 
 class TestServerWithBadModelFolders(TemporaryFolderTestCase):
     """`mlx_lm.server --model` stops at start on a folder it cannot load."""
-
-    def serve(self, path):
-        """Start the server on ``path``; return its exit code and stderr, or
-        fail if it answers on its port instead."""
-        port = free_port()
-        cmd = [sys.executable, "-m", "mlx_lm", "server", "--model", str(path)]
-        cmd += ["--port", str(port)]
-        process = subprocess.Popen(
-            cmd, cwd=path.parent, stderr=subprocess.PIPE, text=True
-        )
-        try:
-            while process.poll() is None:
-                try:
-                    urllib.request.urlopen(
-                        f"http://127.0.0.1:{port}/health", timeout=60
-                    )
-                except urllib.error.HTTPError:
-                    pass
-                except OSError:
-                    time.sleep(0.5)
-                    continue
-                self.fail("mlx_lm.server serves a model it cannot load")
-        finally:
-            process.kill()
-            _, stderr = process.communicate()
-        return process.returncode, stderr
 
     def test_the_server_exits_cleanly_while_the_cpus_are_busy(self):
         # A worker thread that ran MLX code used to free its MLX state at its
@@ -154,6 +154,31 @@ class TestServerWithBadModelFolders(TemporaryFolderTestCase):
                 self.assertEqual(code, 1, stderr)
                 self.assertIn(named, stderr)
                 self.assertNotIn("Traceback", stderr)
+
+
+class TestOptionsThatCannotApply(TemporaryFolderTestCase):
+    """A command stops at start, in one line, on an option the model cannot
+    take."""
+
+    def test_kv_bits_on_a_model_whose_cache_cannot_be_quantized(self):
+        path = make_tiny_model_folder(self.tmp / "model")
+        code, stderr = self.serve(path, "--kv-bits", "4")
+        self.assertEqual(code, 1, stderr)
+        self.assertIn("kv_bits (--kv-bits) 4", stderr)
+        self.assertNotIn("Traceback", stderr)
+        for command, status in (("generate", 1), ("chat", 2)):
+            with self.subTest(command):
+                cmd = [sys.executable, "-m", "mlx_lm", command, "--model", path]
+                run = subprocess.run(
+                    cmd + ["--kv-bits", "4", "--max-tokens", "2"],
+                    input="Hi\nq\n",
+                    capture_output=True,
+                    text=True,
+                    timeout=300,
+                )
+                self.assertEqual(run.returncode, status, run.stderr)
+                self.assertIn("--kv-bits", run.stderr.splitlines()[-1])
+                self.assertNotIn("Traceback", run.stderr)
 
 
 if __name__ == "__main__":
