@@ -55,12 +55,16 @@ def pristine_cache_path():
     return Path(out.stdout.strip()) / "mlx_lm" / "models" / "cache.py"
 
 
-def load_pristine(path):
+def load_pristine_cache_module(path):
     # A module of mlx_lm.models, so that its relative imports resolve.
     spec = importlib.util.spec_from_file_location("mlx_lm.models._cache_0_32_2", path)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module.ArraysCache
+    return module
+
+
+def load_pristine(path):
+    return load_pristine_cache_module(path).ArraysCache
 
 
 def pending_methods():
