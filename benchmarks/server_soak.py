@@ -194,11 +194,13 @@ def soak(
     warmup=0,
     log=None,
     verbose=True,
+    report_every=REPORT_EVERY,
 ):
     """Run the soak on one tiny model; return its figures as a dict.
 
     ``warmup`` requests with the longest prompts and answers go first, all at
-    once, to fill the prompt cache and reach the largest batches."""
+    once, to fill the prompt cache and reach the largest batches. Memory is
+    read every ``report_every`` requests."""
     import openai
     import psutil
     from transformers import AutoTokenizer
@@ -236,7 +238,7 @@ def soak(
                 for _ in pool.map(lambda r: send(client, model_id, r), longest):
                     pass
             results = run_workload(
-                client, model_id, workload, concurrency, server, verbose
+                client, model_id, workload, concurrency, server, verbose, report_every
             )
             results["server_alive"] = process.poll() is None
         finally:
@@ -246,7 +248,9 @@ def soak(
     return results
 
 
-def run_workload(client, model_id, workload, concurrency, server, verbose):
+def run_workload(
+    client, model_id, workload, concurrency, server, verbose, report_every
+):
     lock = threading.Lock()
     latencies, errors, outcomes = [], [], {"completed": 0, "cancelled": 0}
     prompt_tokens = cached_tokens = completion_tokens = 0
@@ -273,10 +277,10 @@ def run_workload(client, model_id, workload, concurrency, server, verbose):
 
     start = time.perf_counter()
     with ThreadPoolExecutor(concurrency) as pool:
-        # Blocks of REPORT_EVERY requests: memory is read when a block is done
+        # Blocks of report_every requests: memory is read when a block is done
         # and the server idle, so the readings compare like with like.
-        for first in range(0, len(workload), REPORT_EVERY):
-            block = workload[first : first + REPORT_EVERY]
+        for first in range(0, len(workload), report_every):
+            block = workload[first : first + report_every]
             for _ in as_completed([pool.submit(one, r) for r in block]):
                 pass
             n = first + len(block)
@@ -320,6 +324,17 @@ def idle_memory(server, interval=0.25, patience=120):
         if used - before <= 0.01:
             break
     return server.memory_info().rss
+
+
+def rss_growth(rss, over=REPORT_EVERY):
+    """How far the last reading of resident memory rises above every reading
+    taken ``over`` or more requests before it, relative to the highest of
+    them (0 if it does not): a leak grows it, a batch freed does not."""
+    n, last = rss[-1]
+    earlier = [b for m, b in rss if m <= n - over]
+    if not earlier:
+        return float("nan")
+    return max(0.0, last - max(earlier)) / max(earlier)
 
 
 def rss_drift(rss):
@@ -370,7 +385,9 @@ def main():
             f"p50 {r['p50']:.2f} s, p95 {r['p95']:.2f} s; "
             f"{r['completion_tokens']} tokens generated, "
             f"{r['cached_tokens']} of {r['prompt_tokens']} prompt tokens cached; "
-            f"rss change over the last 50 requests {100 * rss_drift(r['rss']):.2f}%"
+            f"rss change over the last 50 requests {100 * rss_drift(r['rss']):.2f}%, "
+            f"growth above every reading 50 or more requests before the last "
+            f"{100 * rss_growth(r['rss']):.2f}%"
         )
         for e in r["errors"][:10]:
             print("  error:", e)

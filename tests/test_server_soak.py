@@ -26,6 +26,7 @@ class TestServerSoak(unittest.TestCase):
                 max_answer=48,
                 warmup=8,
                 verbose=False,
+                report_every=25,
             )
             for model_type in MODEL_TYPES
         }
@@ -40,9 +41,13 @@ class TestServerSoak(unittest.TestCase):
                 self.assertTrue(r["server_alive"])
 
     def test_memory_is_flat_over_the_last_requests(self):
+        # The last reading against the highest of those 50 or more requests
+        # before it: a leak over the last 50 requests shows, the heap's
+        # swings (a few MiB on a server of about 100 MiB) do not.
         for model_type, r in self.results.items():
             with self.subTest(model_type=model_type):
-                self.assertLessEqual(server_soak.rss_drift(r["rss"]), 0.05)
+                self.assertEqual(len(r["rss"]), 4)
+                self.assertLessEqual(server_soak.rss_growth(r["rss"], 50), 0.05)
 
 
 if __name__ == "__main__":
