@@ -5,7 +5,8 @@ import tempfile
 import unittest
 from pathlib import Path
 
-from mlx_lm.server import ToolCallFormatter
+from mlx_lm.generate import TextStateMachine, make_text_state_machine
+from mlx_lm.server import ToolCallFormatter, tool_markers
 from test_deepseek_v4 import make_tiny_model_folder
 
 from mlx_lm import load
@@ -562,6 +563,91 @@ PARSE_CASES = [
 DSML = "｜DSML｜"
 
 
+def invoke(city, name="get_weather"):
+    return (
+        f'<{DSML}invoke name="{name}">\n'
+        f'<{DSML}parameter name="city" string="true">{city}</{DSML}parameter>\n'
+        f"</{DSML}invoke>"
+    )
+
+
+def block(body, opener=f"<{DSML}tool_calls>"):
+    return f"{opener}\n{body}\n</{DSML}tool_calls>"
+
+
+SEOUL = [{"name": "get_weather", "arguments": {"city": "Seoul"}}]
+QUOTE = block(invoke("Paris"))
+
+# Replies with DSML written slightly damaged, as vLLM's and SGLang's
+# DeepSeek-V4 parsers recover it: (name, reply, content, calls).
+DAMAGED_CASES = [
+    (
+        "an invoke without the tool_calls wrapper",
+        "Checking.\n" + invoke("Seoul") + f"\n</{DSML}tool_calls>",
+        "Checking.\n",
+        SEOUL,
+    ),
+    (
+        "an invoke without the wrapper or its end",
+        "Checking.\n" + invoke("Seoul"),
+        "Checking.\n",
+        SEOUL,
+    ),
+    (
+        "the opener misspelled toolcalls",
+        "\n\n" + block(invoke("Seoul"), f"<{DSML}toolcalls>"),
+        "",
+        SEOUL,
+    ),
+    (
+        "the opener cut to tool",
+        "\n\n" + block(invoke("Seoul"), f"<{DSML}tool>"),
+        "",
+        SEOUL,
+    ),
+    (
+        "the opener without its >",
+        "Sure.\n\n" + block(invoke("Seoul"), f"<{DSML}tool_calls"),
+        "Sure.",
+        SEOUL,
+    ),
+    (
+        "indented lines",
+        "Let me check.\n\n"
+        + "\n".join("  " + line for line in block(invoke("Seoul")).split("\n")),
+        "Let me check.\n\n  ",
+        SEOUL,
+    ),
+    (
+        "DSML quoted in a code fence before the call",
+        f"The format:\n\n```\n{QUOTE}\n```\n\nNow the call:\n\n"
+        + block(invoke("Seoul")),
+        f"The format:\n\n```\n{QUOTE}\n```\n\nNow the call:",
+        SEOUL,
+    ),
+    (
+        "an invoke quoted in a fence with a language, then a bare invoke",
+        f"```xml\n{invoke('Paris')}\n```\nCalling it:\n" + invoke("Seoul"),
+        f"```xml\n{invoke('Paris')}\n```\nCalling it:\n",
+        SEOUL,
+    ),
+]
+
+# Replies whose DSML is not a call: the whole reply is content.
+NOT_CALLS = [
+    ("DSML only quoted in a code fence", f"Like this:\n\n```\n{QUOTE}\n```\n\nDone."),
+    ("a truncated invoke", f'Docs quote <{DSML}invoke name="get_wea'),
+    ("an invoke of an undeclared tool", invoke("Seoul", name="not_declared")),
+    (
+        "an invoke without its closing tag",
+        invoke("Seoul").removesuffix(f"</{DSML}invoke>"),
+    ),
+    ("a function_calls block", block(invoke("Seoul"), f"<{DSML}function_calls>")),
+    ("a tag in prose", f'The tag <{DSML}invoke name="get_weather"> starts a call.'),
+    ("an invoke then text", invoke("Seoul") + "\nThat is all."),
+]
+
+
 class TestDeepseekV4ChatTemplate(unittest.TestCase):
 
     def test_conversations_render_as_deepseeks_encoder(self):
@@ -762,6 +848,44 @@ class TestDeepseekV4ToolParser(unittest.TestCase):
         text = render_tool_calls([{"function": c} for c in calls])
         self.assertEqual(self.parse(text), calls)
 
+    def tool_text(self, reply):
+        """The reply split where the server's tool state starts."""
+        i = reply.find(f"<{DSML}")
+        i -= 2 * reply[:i].endswith("\n\n")
+        return reply[:i], reply[i:]
+
+    def test_damaged_calls_are_recovered(self):
+        for name, reply, content, calls in DAMAGED_CASES:
+            with self.subTest(name):
+                head, text = self.tool_text(reply)
+                parsed = tool_parser.parse_tool_call(text, TOOLS)
+                parsed = parsed if isinstance(parsed, list) else [parsed]
+                texts = [p for p in parsed if isinstance(p, str)]
+                self.assertEqual(head + "".join(texts), content)
+                self.assertEqual([p for p in parsed if isinstance(p, dict)], calls)
+
+    def test_dsml_that_is_not_a_call_raises(self):
+        for name, reply in NOT_CALLS:
+            with self.subTest(name):
+                with self.assertRaises(ValueError):
+                    tool_parser.parse_tool_call(self.tool_text(reply)[1], TOOLS)
+
+    def test_recovered_calls_need_declared_tools(self):
+        # A well-formed block needs no tools; a damaged one does.
+        self.assertEqual(self.parse(block(invoke("Seoul"))), SEOUL)
+        for tools in (None, [], [TIME]):
+            with self.subTest(tools=tools):
+                self.assertEqual(
+                    tool_parser.parse_tool_call(block(invoke("Seoul")), tools),
+                    SEOUL[0],
+                )
+                for damaged in (
+                    invoke("Seoul"),
+                    block(invoke("Seoul"), f"<{DSML}tool>"),
+                ):
+                    with self.assertRaises(ValueError):
+                        tool_parser.parse_tool_call(damaged, tools)
+
 
 class TestServerToolText(unittest.TestCase):
 
@@ -789,6 +913,46 @@ class TestDeepseekV4ChatLoad(unittest.TestCase):
     @classmethod
     def tearDownClass(cls):
         cls._tmp.cleanup()
+
+    def reply(self, chunks):
+        """(content, calls) of a reply in chunks, as mlx_lm.server reads it."""
+        state = make_text_state_machine(self.tokenizer).make_state("normal")
+        content, tool_text = "", ""
+        for chunk in chunks:
+            state, segments = TextStateMachine.split(state, chunk)
+            for name, text in segments:
+                if name == "tool":
+                    tool_text += text
+                else:
+                    content += text
+        state, rest, _ = TextStateMachine.flush(state)
+        content += rest
+        formatter = ToolCallFormatter(
+            self.tokenizer.tool_parser, TOOLS, True, tool_markers(self.tokenizer)
+        )
+        calls = formatter([tool_text] if tool_text else [])
+        calls = [
+            {
+                "name": c["function"]["name"],
+                "arguments": json.loads(c["function"]["arguments"]),
+            }
+            for c in calls
+        ]
+        return content + formatter.take_unparsed(), calls
+
+    def test_damaged_calls_are_recovered_in_any_chunks(self):
+        for name, reply, content, calls in DAMAGED_CASES:
+            for size in range(1, len(reply) + 1):
+                chunks = [reply[i : i + size] for i in range(0, len(reply), size)]
+                with self.subTest(name, size=size):
+                    self.assertEqual(self.reply(chunks), (content, calls))
+
+    def test_dsml_that_is_not_a_call_stays_content_whole_in_any_chunks(self):
+        for name, reply in NOT_CALLS:
+            for size in range(1, len(reply) + 1):
+                chunks = [reply[i : i + size] for i in range(0, len(reply), size)]
+                with self.subTest(name, size=size):
+                    self.assertEqual(self.reply(chunks), (reply, []))
 
     def test_load_uses_the_encoder_and_the_tool_parser(self):
         tokenizer = self.tokenizer

@@ -27,11 +27,13 @@ from mlx_lm.server import (
     CompletionRequest,
     LRUPromptCache,
     ModelProvider,
+    Response,
     ResponseGenerator,
     process_message_content,
 )
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from test_deepseek_v4 import TINY_CONFIG, make_tiny_model, make_tiny_tokenizer
+from test_deepseek_v4_chat import DAMAGED_CASES, NOT_CALLS
 
 from mlx_lm import load
 from mlx_lm.chat_templates.deepseek_v4 import apply_chat_template
@@ -227,6 +229,86 @@ class TestDeepseekV4ChatServer(unittest.TestCase):
         )
         with urllib.request.urlopen(request, timeout=120) as response:
             return json.load(response)
+
+    def replying(self, chunks):
+        """Patch the server to answer with chunks instead of the model's text."""
+        generate = self.generator.generate
+
+        def reply(request, args, progress_callback=None):
+            ctx, response = generate(request, args, progress_callback)
+
+            def texts():
+                for _ in response:
+                    pass
+                for text in chunks:
+                    yield Response(text, 0, 0.0, None, ())
+                yield Response("", 0, 0.0, "stop", ())
+
+            return ctx, texts()
+
+        return mock.patch.object(self.generator, "generate", reply)
+
+    def ask(self, chunks, stream):
+        """(content, calls, finish_reason) of a reply, as a client sees it."""
+        body = {
+            "messages": [{"role": "user", "content": "Weather in Seoul?"}],
+            "tools": TOOLS,
+            "chat_template_kwargs": {"enable_thinking": False},
+            "stream": stream,
+        }
+        with self.replying(chunks):
+            if not stream:
+                choice = self.post(body)["choices"][0]
+                message = choice["message"]
+                calls = message.get("tool_calls") or []
+                content = message["content"] or ""
+                return content, self.calls(calls), choice["finish_reason"]
+            request = urllib.request.Request(
+                self.url + "/chat/completions",
+                data=json.dumps(body).encode(),
+                headers={"Content-Type": "application/json"},
+            )
+            content, calls, finish = "", {}, None
+            with urllib.request.urlopen(request, timeout=120) as response:
+                for line in response:
+                    line = line.decode().strip()
+                    if not line.startswith("data: {"):
+                        continue
+                    choice = json.loads(line[len("data: ") :])["choices"][0]
+                    content += choice["delta"].get("content") or ""
+                    for c in choice["delta"].get("tool_calls") or []:
+                        calls[c["index"]] = c
+                    finish = choice["finish_reason"] or finish
+            return content, self.calls([calls[i] for i in sorted(calls)]), finish
+
+    def calls(self, calls):
+        return [
+            {
+                "name": c["function"]["name"],
+                "arguments": json.loads(c["function"]["arguments"]),
+            }
+            for c in calls
+        ]
+
+    def chunkings(self, reply):
+        for size in (len(reply), 1, 3, 7):
+            yield [reply[i : i + size] for i in range(0, len(reply), size)]
+
+    def test_damaged_calls_are_recovered_whole_and_streamed(self):
+        for name, reply, content, calls in DAMAGED_CASES:
+            for stream in (False, True):
+                for chunks in self.chunkings(reply):
+                    with self.subTest(name, stream=stream, size=len(chunks[0])):
+                        self.assertEqual(
+                            self.ask(chunks, stream), (content, calls, "tool_calls")
+                        )
+
+    def test_dsml_that_is_not_a_call_is_content_whole_and_streamed(self):
+        for name, reply in NOT_CALLS:
+            for stream in (False, True):
+                for chunks in self.chunkings(reply):
+                    with self.subTest(name, stream=stream, size=len(chunks[0])):
+                        self.assertEqual(self.ask(chunks, stream), (reply, [], "stop"))
 
     def test_tool_call_and_result_over_http(self):
         prompts, patch = self.record_prompts()
