@@ -330,8 +330,7 @@ def stage(dest, link=False, prs=None):
         stray = [f for f in fork_files() if f not in owned]
         if stray:
             raise ForkError(
-                "files in no PR of patches/series.toml: "
-                + ", ".join(map(str, stray))
+                "files in no PR of patches/series.toml: " + ", ".join(map(str, stray))
             )
     for rel in [f for pr in prs for f in pr.files if f.parts[0] == "mlx_lm"]:
         if (upstream / rel).exists():
