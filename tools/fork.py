@@ -555,6 +555,66 @@ def print_series(prs=None):
         )
 
 
+SHEETS = ROOT / "docs" / "upstream"
+SHEET_BEGIN = "<!-- tools/fork.py series --sheets: begin -->"
+SHEET_END = "<!-- tools/fork.py series --sheets: end -->"
+
+
+def sheet_block(pr, prs):
+    """The facts of a PR's sheet that the series gives: dependencies, size,
+    files (lines added/removed each) and tests."""
+    files, added, removed = pr_size(pr)
+    deps = ", ".join(f"[{d}]({d}.md)" for d in pr.depends) or "nothing"
+    lines = [
+        SHEET_BEGIN,
+        f"PR {pr.order + 1} of {len(prs)} in `patches/series.toml`: **{pr.title}**.",
+        f"Depends on: {deps}. Size: {files} files, +{added} / -{removed} lines.",
+        "",
+        "| file | change | + | - |",
+        "|---|---|---:|---:|",
+    ]
+    for f in pr.files:
+        n = len((ROOT / f).read_text().splitlines())
+        lines.append(f"| `{f}` | new | {n} | 0 |")
+    for patch in pr.patches():
+        text = patch.read_text().splitlines()
+        plus = sum(1 for x in text if x.startswith("+") and not x.startswith("+++"))
+        minus = sum(1 for x in text if x.startswith("-") and not x.startswith("---"))
+        hunks = sum(1 for x in text if x.startswith("@@"))
+        rel = patch.relative_to(ROOT)
+        lines.append(
+            f"| `{target_of(patch)}` | `{rel}`, {hunks} hunks | {plus} | {minus} |"
+        )
+    lines += ["", "Tests (`python3 tools/fork.py test-prs " + pr.name + "`):", ""]
+    lines += [f"- `{t}`" for t in pr.tests]
+    lines.append(SHEET_END)
+    return "\n".join(lines) + "\n"
+
+
+def write_sheets(prs=None):
+    """Refresh the generated block of every PR's sheet (docs/upstream/<pr>.md);
+    a missing sheet is started. Returns the sheets written."""
+    prs = series() if prs is None else prs
+    written = []
+    for pr in prs:
+        sheet = SHEETS / f"{pr.name}.md"
+        block = sheet_block(pr, prs)
+        if not sheet.is_file():
+            text = f"# PR: {pr.title}\n\n{block}"
+        else:
+            text = sheet.read_text()
+            if SHEET_BEGIN in text:
+                i, j = text.index(SHEET_BEGIN), text.index(SHEET_END) + len(SHEET_END)
+                text = text[:i] + block.rstrip("\n") + text[j:]
+            else:
+                head, _, rest = text.partition("\n\n")
+                text = f"{head}\n\n{block}\n{rest}"
+        if not sheet.is_file() or sheet.read_text() != text:
+            sheet.write_text(text)
+            written.append(str(sheet.relative_to(ROOT)))
+    return written
+
+
 def test_prs(python=sys.executable, names=None):
     """Each PR alone: export it (with its dependencies) onto the pinned
     release's tree and run its tests there, with ``python`` (whose installed
@@ -580,7 +640,9 @@ def test_prs(python=sys.executable, names=None):
                 env = dict(os.environ, PYTHONPATH=path, HF_HUB_OFFLINE="1")
                 env["TOKENIZERS_PARALLELISM"] = "false"
                 cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
-                cmd += ["--tb=short", *pr.tests]
+                cmd += ["--tb=short"]
+                for t in pr.tests:
+                    cmd += ["--deselect", t[1:]] if t.startswith("-") else [t]
                 r = subprocess.run(
                     cmd, cwd=tree, env=env, capture_output=True, text=True
                 )
@@ -677,7 +739,10 @@ def main(argv=None):
     p = sub.add_parser("export", help="apply the fork onto an upstream tree")
     p.add_argument("tree")
     p.add_argument("--pr", help="only this PR and the PRs it depends on")
-    sub.add_parser("series", help="the PRs, their sizes; check that each applies")
+    p = sub.add_parser("series", help="the PRs, their sizes; check that each applies")
+    p.add_argument(
+        "--sheets", action="store_true", help="refresh docs/upstream/<pr>.md"
+    )
     p = sub.add_parser("test-prs", help="each PR alone on 0.32.2 with its tests")
     p.add_argument("names", nargs="*", help="PRs (default all)")
     sub.add_parser("lint", help="black, isort, ruff on what the fork touches")
@@ -718,6 +783,9 @@ def main(argv=None):
             print(f"applied; `git -C {args.tree} diff` shows the change")
         elif args.command == "series":
             print_series()
+            if args.sheets:
+                for line in write_sheets():
+                    print("wrote", line)
             problems = check_series()
             for line in problems:
                 print("problem:", line)
