@@ -116,7 +116,8 @@ class TestForkAssembly(unittest.TestCase):
         self.assertEqual(fork.export(tree, "server-models"), [])
         prs = fork.closure(fork.series(), ["server-models"])
         self.assertEqual(
-            [p.name for p in prs], ["deepseek-v4", "server-requests", "server-models"]
+            [p.name for p in prs],
+            ["deepseek-v4", "chat-encoder", "server-requests", "server-models"],
         )
         staged = self.staged_with(["server-models"])
         server = "mlx_lm/server.py"
@@ -125,10 +126,10 @@ class TestForkAssembly(unittest.TestCase):
         self.assertIn("def validate_request_fields", text)  # server-requests
         self.assertIn("repos = scan_cache_dir().repos", text)  # server-models
         self.assertNotIn("def _client_disconnected", text)  # server-disconnect
-        self.assertNotIn("def tool_markers", text)  # chat-encoder
+        self.assertNotIn("def fix_mmap_threshold", text)  # server-memory
         self.assertTrue((tree / "tests/test_server_models.py").is_file())
         self.assertFalse((tree / "tests/test_server_disconnect.py").exists())
-        self.assertFalse((tree / "mlx_lm/chat_templates/deepseek_v4.py").exists())
+        self.assertFalse((tree / "tests/test_load_errors.py").exists())
         # The PR alone, without its dependencies, is not what export writes.
         self.assertNotEqual(
             fork.series_text(server, fork.closure(fork.series(), ["server-requests"])),
