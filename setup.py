@@ -1,6 +1,6 @@
 # Copyright © 2026 Apple Inc.
 """Build the distribution mlx-lm: the pinned release, this fork's files and
-its patches (see tools/fork.py)."""
+the patches of its pull requests, in series order (see tools/assemble.py)."""
 
 import os
 import shutil
@@ -12,17 +12,17 @@ from setuptools import find_packages, setup
 ROOT = Path(__file__).resolve().parent
 sys.path.insert(0, str(ROOT / "tools"))
 
-import fork  # noqa: E402
+import assemble  # noqa: E402
 
 # Stale files of an earlier in-tree build must not reach the wheel.
 shutil.rmtree(ROOT / "build" / "lib", ignore_errors=True)
-src = fork.stage(ROOT / "build" / "fork")
-project = fork.upstream_project()
-upstream = fork.fetch_upstream()
+src = assemble.stage(ROOT / "build" / "fork")
+project = assemble.upstream_project()
+upstream = assemble.fetch_upstream()
 
 setup(
     name=project["name"],
-    version=fork.VERSION,
+    version=assemble.VERSION,
     description=project["description"],
     long_description=(upstream / project["readme"]).read_text(encoding="utf-8"),
     long_description_content_type="text/markdown",

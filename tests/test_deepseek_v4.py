@@ -18,7 +18,6 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 
 from mlx_lm import tuner
-from mlx_lm.chat_templates.deepseek_v4 import special_tokens
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
     TRIM_HISTORY,
@@ -93,6 +92,18 @@ def random_weights(model, seed=0):
     model.update(tree_unflatten(flat))
     mx.eval(model.parameters())
     return model
+
+
+# The tokens of DeepSeek-V4's chat format (BOS and EOS first), as
+# mlx_lm/chat_templates/deepseek_v4.py checks them at load.
+special_tokens = (
+    "<｜begin▁of▁sentence｜>",
+    "<｜end▁of▁sentence｜>",
+    "<｜User｜>",
+    "<｜Assistant｜>",
+    "<think>",
+    "</think>",
+)
 
 
 def make_tiny_model(config=None, seed=0):

@@ -12,8 +12,8 @@ import mlx.nn as nn
 import numpy as np
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.utils import load_model, quantize_model, save_config, save_model
+from test_deepseek_v4 import special_tokens
 
-from mlx_lm.chat_templates.deepseek_v4 import special_tokens
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 

@@ -12,6 +12,7 @@ import urllib.request
 from pathlib import Path
 
 from test_deepseek_v4 import make_tiny_model_folder, make_tiny_tokenizer
+from test_server_requests import ServerThread, user
 
 from mlx_lm import load
 from mlx_lm.chat_templates.deepseek_v4 import bos_token, eos_token
@@ -179,6 +180,26 @@ class TestOptionsThatCannotApply(TemporaryFolderTestCase):
                 self.assertEqual(run.returncode, status, run.stderr)
                 self.assertIn("--kv-bits", run.stderr.splitlines()[-1])
                 self.assertNotIn("Traceback", run.stderr)
+
+
+class TestServerWithABadModelFolder(unittest.TestCase):
+
+    def test_requests_name_the_load_error(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = make_tiny_model_folder(Path(tmp) / "model")
+            weights = path / "model.safetensors"
+            with open(weights, "r+b") as f:
+                f.truncate(weights.stat().st_size // 2)
+            server = ServerThread(path)
+            try:
+                server.generator.join()
+                status, answer = server.request("GET", "/health")
+                self.assertEqual(status, 503)
+                status, answer = server.chat({"messages": user(), "max_tokens": 3})
+                self.assertEqual(status, 500)
+                self.assertIn(str(weights), answer["error"])
+            finally:
+                server.close()
 
 
 if __name__ == "__main__":

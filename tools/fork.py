@@ -1,12 +1,12 @@
 # Copyright © 2026 Apple Inc.
-"""Assemble this fork of mlx-lm from the pinned release, its files and patches.
+"""The developer's commands for this fork of mlx-lm.
 
-The pinned release (an sdist fetched by package name and checked against a
-pinned sha256) gives the base tree, the package metadata and upstream's test
-suite. The fork adds the files under ``mlx_lm/`` and ``tests/`` of this
-repository, and edits upstream files through one unified diff per file under
-``patches/``: ``patches/mlx_lm/`` for the package, ``patches/tests/`` for
-upstream's test suite.
+The fork is a series of pull requests against the pinned release
+(``patches/series.toml``): each has its new files (upstream layout, under
+``mlx_lm/`` and ``tests/``) and its patches, ``patches/<pr>/<path>.patch``,
+one unified diff per upstream file it edits, made against the release with
+the PRs it depends on applied. What the build needs (fetch the release, read
+the series, stage the package) is in tools/assemble.py, which setup.py uses.
 
 Commands (``python tools/fork.py <command> --help`` for details):
 
@@ -14,41 +14,49 @@ Commands (``python tools/fork.py <command> --help`` for details):
   tiny-model  write a tiny random model folder that mlx_lm's commands load
   stage    write the assembled ``mlx_lm`` package into a folder
   dev      set up (or refresh) the development tree and venv
-  diff     turn edits of upstream files in the dev tree back into patches/
-  export   apply the fork onto an upstream mlx-lm source tree
+  diff     turn edits in the dev tree back into the PRs' patches (--pr NAME)
+  export   apply the fork, or one PR with its dependencies, onto an upstream tree
+  series   the PRs with their sizes; check that each applies alone
+  test-prs each PR alone on the release with its own tests
   lint     black, isort and ruff on every file the fork adds or changes
   test     install from git into a fresh venv and run every check
   upstream-tests  run the pinned release's own test suite against mlx_lm
 """
 
 import argparse
-import difflib
-import hashlib
-import logging
 import os
 import shutil
 import subprocess
 import sys
-import tarfile
 import tempfile
-import tomllib
+import time
 from pathlib import Path
 
-UPSTREAM_NAME = "mlx-lm"
-UPSTREAM_VERSION = "0.32.2"
-UPSTREAM_SDIST_SHA256 = (
-    "1af8a92f6a141c3e2bf5b0369ac4464203a8e2189c47b9e40d3e921e5b3a1fe9"
-)
-LOCAL_LABEL = "fork"
-VERSION = f"{UPSTREAM_VERSION}+{LOCAL_LABEL}"
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-ROOT = Path(__file__).resolve().parent.parent
-PATCHES = ROOT / "patches"
+import assemble  # noqa: E402
+from assemble import (  # noqa: E402
+    UPSTREAM_NAME,
+    UPSTREAM_VERSION,
+    VERSION,
+    ForkError,
+    apply_patch,
+    apply_text,
+    closure,
+    fetch_upstream,
+    make_patch,
+    patch_files,
+    patch_path,
+    series,
+    stage,
+    stage_tests,
+    target_of,
+    upstream_project,
+)
+
+ROOT = assemble.ROOT
 DEV_TREE = ROOT / "build" / "dev"
 DEV_VENV = ROOT / ".venv"
-CACHE = Path(
-    os.environ.get("MLX_LM_FORK_CACHE", Path.home() / ".cache" / "mlx-lm-fork")
-)
 
 # The pinned release's own suite on Linux, mlx[cpu], offline (see
 # tools/upstream-not-passing.txt).
@@ -60,209 +68,182 @@ LINT_REQUIREMENTS = ["black==25.1.0", "isort==6.0.1", "ruff==0.17.6"]
 TEST_CLIENTS = ["openai", "psutil"]
 
 
-class ForkError(Exception):
-    pass
-
-
-def _sha256(path):
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
-def fetch_upstream():
-    """Return the extracted source tree of the pinned release.
-
-    The sdist is downloaded by package name with pip (any index pip is set up
-    for), checked against ``UPSTREAM_SDIST_SHA256`` and cached. Set
-    ``MLX_LM_FORK_SDIST`` to a local copy of the sdist to skip the download.
-    """
-    tree = CACHE / f"mlx_lm-{UPSTREAM_VERSION}"
-    stamp = tree / ".sha256"
-    if stamp.is_file() and stamp.read_text() == UPSTREAM_SDIST_SHA256:
-        return tree
-
-    archive = os.environ.get("MLX_LM_FORK_SDIST")
-    with tempfile.TemporaryDirectory() as tmp:
-        if archive is None:
-            cmd = [
-                sys.executable,
-                "-m",
-                "pip",
-                "download",
-                "--quiet",
-                "--no-deps",
-                "--no-binary=:all:",
-                "--dest",
-                tmp,
-                f"{UPSTREAM_NAME}=={UPSTREAM_VERSION}",
-            ]
-            result = subprocess.run(cmd, capture_output=True, text=True)
-            if result.returncode != 0:
-                raise ForkError(
-                    f"could not download {UPSTREAM_NAME}=={UPSTREAM_VERSION}:\n"
-                    + result.stderr
-                )
-            archive = next(Path(tmp).glob("*.tar.gz"))
-        digest = _sha256(archive)
-        if digest != UPSTREAM_SDIST_SHA256:
-            raise ForkError(
-                f"{archive}: sha256 {digest} does not match the pinned "
-                f"{UPSTREAM_SDIST_SHA256}"
-            )
-        unpacked = Path(tmp) / "unpacked"
-        with tarfile.open(archive) as tar:
-            tar.extractall(unpacked, filter="data")
-        CACHE.mkdir(parents=True, exist_ok=True)
-        staging = Path(tempfile.mkdtemp(dir=CACHE))
-        shutil.move(unpacked / f"mlx_lm-{UPSTREAM_VERSION}", staging / "tree")
-        (staging / "tree" / ".sha256").write_text(digest)
-        shutil.rmtree(tree, ignore_errors=True)
-        os.replace(staging / "tree", tree)
-        shutil.rmtree(staging)
-    return tree
-
-
-def upstream_project():
-    """The ``[project]`` table of the pinned release's pyproject.toml."""
-    with open(fetch_upstream() / "pyproject.toml", "rb") as f:
-        return tomllib.load(f)["project"]
-
-
 def _files(top):
-    """Relative paths of the files below ``top``, without caches."""
-    if not top.is_dir():
-        return []
-    return sorted(
-        p.relative_to(top)
-        for p in top.rglob("*")
-        if (p.is_file() or p.is_symlink())
-        and "__pycache__" not in p.parts
-        and p.suffix != ".pyc"
-    )
+    return assemble._files(top)
 
 
 def fork_files():
-    """Files that this fork adds to the ``mlx_lm`` package."""
-    return [Path("mlx_lm") / p for p in _files(ROOT / "mlx_lm")]
+    return assemble.fork_files()
 
 
-def patch_files(part=None):
-    """Patch files: all, or those of ``mlx_lm`` or ``tests``."""
-    return sorted((PATCHES / part if part else PATCHES).rglob("*.patch"))
+# ----------------------------------------------------------------------------
+# The series
 
 
-def _patch_path(rel):
-    return PATCHES / (str(rel) + ".patch")
+def _touching(prs, rel):
+    """The PRs that edit the upstream file ``rel``, in series order."""
+    return [p for p in prs if patch_path(p.name, rel).is_file()]
 
 
-def _target_of(patch):
-    return patch.relative_to(PATCHES).with_suffix("")
+def _apply_all(text, rel, prs, name="series"):
+    """``text`` with the patches of ``prs`` to ``rel`` applied in order."""
+    for p in _touching(prs, rel):
+        text, problems = apply_text(text, patch_path(p.name, rel).read_text(), name)
+        if problems:
+            raise ForkError(f"{p.name}: " + "; ".join(problems))
+    return text
 
 
-class _Collect(logging.Handler):
-    def __init__(self):
-        super().__init__(logging.WARNING)
-        self.messages = []
-
-    def emit(self, record):
-        self.messages.append(record.getMessage().strip())
+def series_text(rel, prs=None):
+    """The upstream file ``rel`` as the series (or ``prs``) makes it."""
+    prs = series() if prs is None else prs
+    return _apply_all((fetch_upstream() / rel).read_text(), rel, prs)
 
 
-def apply_patch(patch, root):
-    """Apply one patch file onto the tree ``root`` with patch-ng.
-
-    Returns a list of problems (empty on success), each naming the patch file
-    and the hunk that does not apply.
-    """
-    import patch_ng
-
-    target = Path(root) / _target_of(patch)
-    logger = logging.getLogger("patch_ng")
-    handler = _Collect()
-    logger.addHandler(handler)
-    try:
-        pset = patch_ng.fromfile(str(patch))
-        if not pset:
-            return [f"{patch}: not a unified diff"]
-        if not target.is_file():
-            return [f"{patch}: {_target_of(patch)} does not exist in {root}"]
-        ok = pset.apply(strip=1, root=str(root))
-    finally:
-        logger.removeHandler(handler)
-    if ok:
-        return []
-    hunks = [m for m in handler.messages if "hunk" in m]
-    return [f"{patch}: {m}" for m in (hunks or handler.messages)] or [
-        f"{patch}: does not apply"
-    ]
-
-
-def make_patch(rel, old, new):
-    """A unified diff of one file, in the form ``apply_patch`` reads."""
-    lines = difflib.unified_diff(
-        old.splitlines(keepends=True),
-        new.splitlines(keepends=True),
-        fromfile=f"a/{rel}",
-        tofile=f"b/{rel}",
-    )
-    return "".join(lines)
-
-
-def stage(dest, link=False):
-    """Write the assembled package to ``dest/mlx_lm``, upstream's test suite
-    with ``patches/tests/`` applied to ``dest/tests``, and return ``dest``.
-
-    With ``link=True`` the fork's own files are symlinks into this repository,
-    so that edits to them are live without staging again.
-    """
-    dest = Path(dest)
-    upstream = fetch_upstream()
-    shutil.rmtree(dest / "mlx_lm", ignore_errors=True)
-    dest.mkdir(parents=True, exist_ok=True)
-    shutil.copytree(
-        upstream / "mlx_lm",
-        dest / "mlx_lm",
-        ignore=shutil.ignore_patterns("__pycache__"),
-    )
-    for rel in fork_files():
-        if (upstream / rel).exists():
+def route_edit(rel, text, owner, prs=None):
+    """Write ``text`` (the dev tree's ``rel``) back into PR ``owner``'s patch
+    of ``rel``: the other PRs' patches are taken off the text, the rest is
+    the owner's against its dependencies. PRs that depend on the owner get
+    their patches of ``rel`` made again on top of it. Returns the patch files
+    written or removed."""
+    prs = series() if prs is None else prs
+    by_name = {p.name: p for p in prs}
+    if owner not in by_name:
+        raise ForkError(
+            f"no PR named {owner!r} in patches/series.toml "
+            f"(PRs: {', '.join(by_name)})"
+        )
+    mine = closure(prs, [owner])
+    upstream = (fetch_upstream() / rel).read_text()
+    target = text
+    for p in reversed([p for p in _touching(prs, rel) if p not in mine]):
+        target, problems = apply_text(
+            target, patch_path(p.name, rel).read_text(), reverse=True
+        )
+        if problems:
             raise ForkError(
-                f"{rel} is a file of upstream mlx-lm {UPSTREAM_VERSION}: "
-                f"edit it through {_patch_path(rel).relative_to(ROOT)}"
+                f"the edit of {rel} overlaps lines of PR {p.name}: make it "
+                f"there (`diff --pr {p.name}`) or split it"
             )
-        out = dest / rel
-        out.parent.mkdir(parents=True, exist_ok=True)
-        if link:
-            out.symlink_to(ROOT / rel)
-        else:
-            shutil.copyfile(ROOT / rel, out)
-    problems = []
-    for patch in patch_files("mlx_lm"):
-        problems += apply_patch(patch, dest)
-    if problems:
-        raise ForkError("patches do not apply:\n  " + "\n  ".join(problems))
-    (dest / "mlx_lm" / "_version.py").write_text(f"__version__ = {VERSION!r}\n")
-    stage_tests(dest)
-    return dest
-
-
-def stage_tests(dest):
-    """Write upstream's test suite, with ``patches/tests/`` applied, to
-    ``dest/tests`` and return that folder."""
-    tests = Path(dest) / "tests"
-    shutil.rmtree(tests, ignore_errors=True)
-    shutil.copytree(
-        fetch_upstream() / "tests", tests, ignore=shutil.ignore_patterns("__pycache__")
+    base = _apply_all(upstream, rel, [p for p in mine if p.name != owner])
+    old = {p.name: patch_path(p.name, rel) for p in prs}
+    saved = {n: f.read_text() for n, f in old.items() if f.is_file()}
+    # The PRs after the owner that build on it: their targets, made again.
+    later = [
+        p
+        for p in _touching(prs, rel)
+        if p.name != owner and owner in {d.name for d in closure(prs, [p.name])}
+    ]
+    for context in (3, 2, 1, 0):
+        try:
+            _write_patch(old[owner], rel, base, target, context)
+            for q in later:
+                # Rebased on the owner's new text, with q's own edits kept.
+                deps = [d for d in closure(prs, [q.name]) if d is not q]
+                qbase = _apply_all(upstream, rel, deps)
+                qtarget, problems = apply_text(qbase, saved[q.name])
+                if problems:
+                    raise ForkError(f"{q.name}: " + "; ".join(problems))
+                _write_patch(old[q.name], rel, qbase, qtarget, _context(saved[q.name]))
+            if series_text(rel, prs) == text:
+                return [
+                    ("wrote " if f.is_file() else "removed ") + str(f.relative_to(ROOT))
+                    for n, f in old.items()
+                    if saved.get(n) != (f.read_text() if f.is_file() else None)
+                ]
+        except ForkError:
+            pass
+        for n, f in old.items():
+            if n in saved:
+                f.parent.mkdir(parents=True, exist_ok=True)
+                f.write_text(saved[n])
+            elif f.is_file():
+                f.unlink()
+    raise ForkError(
+        f"the patches of {rel} cannot be made so that the series gives the "
+        f"dev tree's text with the edit in {owner}"
     )
+
+
+def _context(patch_text):
+    """The lines of context a patch was made with (at most 3)."""
+    counts, lead = [0], None
+    for line in patch_text.splitlines():
+        if line.startswith("@@"):
+            lead = 0
+        elif lead is not None and line.startswith(" "):
+            lead += 1
+            counts.append(lead)
+        else:
+            lead = None
+    return min(max(counts), 3)
+
+
+def _write_patch(path, rel, old, new, context):
+    if old == new:
+        if path.is_file():
+            path.unlink()
+        return
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(make_patch(rel, old, new, context))
+
+
+def pr_size(pr):
+    """Files, lines added and removed of one PR (its patches and new files)."""
+    files, added, removed = len(pr.files), 0, 0
+    for f in pr.files:
+        added += len((ROOT / f).read_text().splitlines())
+    for patch in pr.patches():
+        files += 1
+        for line in patch.read_text().splitlines():
+            if line.startswith("+") and not line.startswith("+++"):
+                added += 1
+            elif line.startswith("-") and not line.startswith("---"):
+                removed += 1
+    return files, added, removed
+
+
+def check_series(prs=None):
+    """Every PR's patches apply onto the pinned release with only its
+    dependencies applied, and every hunk and new file of the fork is in
+    exactly one PR. Returns the problems."""
+    prs = series() if prs is None else prs
     problems = []
-    for patch in patch_files("tests"):
-        problems += apply_patch(patch, dest)
-    if problems:
-        raise ForkError("patches do not apply:\n  " + "\n  ".join(problems))
-    return tests
+    owners = {}
+    for p in prs:
+        for f in p.files:
+            owners.setdefault(f, []).append(p.name)
+            if not (ROOT / f).is_file():
+                problems.append(f"{p.name}: {f} does not exist")
+    new = fork_files() + [Path("tests") / f for f in _files(ROOT / "tests")]
+    for f in new:
+        if len(owners.get(f, [])) != 1:
+            problems.append(f"{f} is in {len(owners.get(f, []))} PRs: {owners.get(f)}")
+    for f, names in owners.items():
+        if f not in new and len(names) == 1:
+            problems.append(
+                f"{names[0]}: {f} is not a new file under mlx_lm/ or tests/"
+            )
+    upstream = fetch_upstream()
+    for patch in sorted(assemble.PATCHES.rglob("*.patch")):
+        name = patch.relative_to(assemble.PATCHES).parts[0]
+        if name not in {p.name for p in prs}:
+            problems.append(f"{patch}: in no PR of series.toml")
+    for p in prs:
+        deps = [d for d in closure(prs, [p.name]) if d is not p]
+        for patch in p.patches():
+            rel = target_of(patch)
+            if not (upstream / rel).is_file():
+                problems.append(f"{patch}: {rel} is not a file of {UPSTREAM_VERSION}")
+                continue
+            try:
+                base = _apply_all((upstream / rel).read_text(), rel, deps)
+            except ForkError as e:
+                problems.append(f"{p.name}: a dependency does not apply: {e}")
+                continue
+            _, bad = apply_text(base, patch.read_text(), str(patch))
+            problems += bad
+    return problems
 
 
 # ----------------------------------------------------------------------------
@@ -279,56 +260,77 @@ def _dev_files():
 
 
 def _pending_edits():
-    """Upstream files edited in the dev tree whose patch is not up to date."""
+    """Upstream files edited in the dev tree whose patches do not give them,
+    and new files not yet moved into the repository."""
     upstream = fetch_upstream()
+    prs = series()
     pending = []
     for rel in _dev_files():
         path = DEV_TREE / rel
-        if path.is_symlink() or not (upstream / rel).is_file():
-            if not path.is_symlink() and rel.name != "_version.py":
-                pending.append(rel)
+        if rel.name == "_version.py" or path.is_symlink():
             continue
-        if rel.name == "_version.py":
-            continue
-        old, new = (upstream / rel).read_text(), path.read_text()
-        patch = _patch_path(rel)
-        want = make_patch(rel, old, new) if old != new else ""
-        have = patch.read_text() if patch.is_file() else ""
-        if want != have:
+        if not (upstream / rel).is_file():
+            pending.append(rel)
+        elif path.read_text() != series_text(rel, prs):
             pending.append(rel)
     return pending
 
 
-def sync_patches():
-    """Write edits of the dev tree back: patches for upstream files, and new
-    files moved into the repository (replaced by a link). Returns what
-    changed."""
+def sync_patches(pr=None):
+    """Write edits of the dev tree back: into the patches of the PR that
+    edits the file (``pr`` where several do, or none yet), and new files
+    moved into the repository (replaced by a link). Returns what changed."""
+    prs = series()
     upstream = fetch_upstream()
     changed = []
-    for rel in _dev_files():
+    for rel in _pending_edits():
         path = DEV_TREE / rel
-        if path.is_symlink() or rel.name == "_version.py":
-            continue
         if not (upstream / rel).is_file():
+            owner = pr
+            if owner is None:
+                raise ForkError(
+                    f"{rel} is a new file: say which PR adds it with "
+                    "`diff --pr NAME` (PRs: " + ", ".join(p.name for p in prs) + ")"
+                )
+            closure(prs, [owner])
             (ROOT / rel).parent.mkdir(parents=True, exist_ok=True)
             shutil.move(path, ROOT / rel)
             path.symlink_to(ROOT / rel)
-            changed.append(f"new file {rel}")
+            add_file_to_manifest(owner, rel)
+            changed.append(f"new file {rel} (PR {owner})")
             continue
-        old, new = (upstream / rel).read_text(), path.read_text()
-        patch = _patch_path(rel)
-        have = patch.read_text() if patch.is_file() else ""
-        want = make_patch(rel, old, new) if old != new else ""
-        if want == have:
-            continue
-        if want:
-            patch.parent.mkdir(parents=True, exist_ok=True)
-            patch.write_text(want)
-            changed.append(f"wrote {patch.relative_to(ROOT)}")
-        else:
-            patch.unlink()
-            changed.append(f"removed {patch.relative_to(ROOT)}")
+        touching = [p.name for p in _touching(prs, rel)]
+        owner = pr
+        if owner is None:
+            if len(touching) != 1:
+                which = (
+                    f"PRs {', '.join(touching)} edit it"
+                    if touching
+                    else "no PR edits it yet"
+                )
+                raise ForkError(
+                    f"{rel}: {which}; say which PR takes the edit with "
+                    "`diff --pr NAME`"
+                )
+            owner = touching[0]
+        changed += route_edit(rel, path.read_text(), owner, prs)
     return changed
+
+
+def add_file_to_manifest(pr, rel):
+    """Add a new file to the ``files`` of ``pr`` in patches/series.toml."""
+    manifest = assemble.PATCHES / "series.toml"
+    lines = manifest.read_text().splitlines(keepends=True)
+    at = next(i for i, l in enumerate(lines) if l.strip() == f'name = "{pr}"')
+    files = next(i for i in range(at, len(lines)) if lines[i].startswith("files = "))
+    line = lines[files]
+    if line.rstrip().endswith("]") and line.strip() != "files = [":
+        items = line.strip()[len("files = [") : -1]
+        items = (items + ", " if items.strip() else "") + f'"{rel}"'
+        lines[files] = f"files = [{items}]\n"
+    else:
+        lines.insert(files + 1, f'    "{rel}",\n')
+    manifest.write_text("".join(lines))
 
 
 def _venv_python(venv):
@@ -347,7 +349,7 @@ def dev_requirements():
     reqs = list(project["dependencies"])
     if sys.platform != "darwin":
         reqs += project["optional-dependencies"]["cpu"]
-    reqs += ["patch-ng==1.19.1", "pytest", *TEST_CLIENTS, *LINT_REQUIREMENTS]
+    reqs += ["pytest", *TEST_CLIENTS, *LINT_REQUIREMENTS]
     return reqs
 
 
@@ -388,37 +390,29 @@ def setup_dev(force=False, venv=DEV_VENV):
     return python
 
 
-def _reexec_with_patch_ng():
-    """Run this command again in the dev venv if patch-ng is missing here."""
-    try:
-        import patch_ng  # noqa: F401
-    except ImportError:
-        python = _venv_python(DEV_VENV)
-        if not python.exists():
-            _make_venv(DEV_VENV)
-        os.execv(python, [str(python), __file__, *sys.argv[1:]])
-
-
 # ----------------------------------------------------------------------------
 # Export onto an upstream tree
 
 
-def export(tree):
+def export(tree, pr=None):
     """Copy the fork's files into an upstream source tree and apply the
-    patches there. Returns the conflicts, one per file and hunk."""
+    patches there: of every PR, or of PR ``pr`` and the PRs it depends on.
+    Returns the conflicts, one per file and hunk."""
     tree = Path(tree)
     if not (tree / "mlx_lm" / "__init__.py").is_file():
         raise ForkError(f"{tree} is not an mlx-lm source tree (no mlx_lm/)")
+    prs = series()
+    if pr is not None:
+        prs = closure(prs, [pr])
     problems = []
-    new = fork_files() + [Path("tests") / p for p in _files(ROOT / "tests")]
-    for rel in new:
+    for rel in [f for p in prs for f in p.files]:
         out = tree / rel
         if out.exists():
             problems.append(f"{rel}: exists in {tree}; not overwritten")
             continue
         out.parent.mkdir(parents=True, exist_ok=True)
         shutil.copyfile(ROOT / rel, out)
-    for patch in patch_files():
+    for patch in patch_files(prs=prs):
         problems += apply_patch(patch, tree)
     return problems
 
@@ -430,7 +424,8 @@ def export(tree):
 def lint_files(tree):
     """Paths in ``tree`` of every Python file the fork adds or changes."""
     files = [p for p in fork_files() if p.suffix == ".py"]
-    files += [_target_of(p) for p in patch_files() if p.name.endswith(".py.patch")]
+    files += [target_of(p) for p in patch_files() if p.name.endswith(".py.patch")]
+    files = sorted(set(files))
     files = [Path(tree) / p for p in sorted(files)]
     files += sorted((ROOT / "tests").rglob("*.py"))
     files += sorted((ROOT / "benchmarks").rglob("*.py"))
@@ -548,6 +543,123 @@ def upstream_tests(python=sys.executable, pytest_args=()):
     return not regressions and not missing
 
 
+def print_series(prs=None):
+    """The series as a table: order, name, dependencies, size."""
+    prs = series() if prs is None else prs
+    print(f"{'#':>2}  {'PR':20} {'files':>5} {'+':>6} {'-':>5}  depends on")
+    for p in prs:
+        files, added, removed = pr_size(p)
+        deps = ", ".join(p.depends) or "-"
+        print(
+            f"{p.order + 1:>2}  {p.name:20} {files:>5} {added:>6} {removed:>5}  {deps}"
+        )
+
+
+SHEETS = ROOT / "docs" / "upstream"
+SHEET_BEGIN = "<!-- tools/fork.py series --sheets: begin -->"
+SHEET_END = "<!-- tools/fork.py series --sheets: end -->"
+
+
+def sheet_block(pr, prs):
+    """The facts of a PR's sheet that the series gives: dependencies, size,
+    files (lines added/removed each) and tests."""
+    files, added, removed = pr_size(pr)
+    deps = ", ".join(f"[{d}]({d}.md)" for d in pr.depends) or "nothing"
+    lines = [
+        SHEET_BEGIN,
+        f"PR {pr.order + 1} of {len(prs)} in `patches/series.toml`: **{pr.title}**.",
+        f"Depends on: {deps}. Size: {files} files, +{added} / -{removed} lines.",
+        "",
+        "| file | change | + | - |",
+        "|---|---|---:|---:|",
+    ]
+    for f in pr.files:
+        n = len((ROOT / f).read_text().splitlines())
+        lines.append(f"| `{f}` | new | {n} | 0 |")
+    for patch in pr.patches():
+        text = patch.read_text().splitlines()
+        plus = sum(1 for x in text if x.startswith("+") and not x.startswith("+++"))
+        minus = sum(1 for x in text if x.startswith("-") and not x.startswith("---"))
+        hunks = sum(1 for x in text if x.startswith("@@"))
+        rel = patch.relative_to(ROOT)
+        lines.append(
+            f"| `{target_of(patch)}` | `{rel}`, {hunks} hunks | {plus} | {minus} |"
+        )
+    lines += ["", "Tests (`python3 tools/fork.py test-prs " + pr.name + "`):", ""]
+    lines += [f"- `{t}`" for t in pr.tests]
+    lines.append(SHEET_END)
+    return "\n".join(lines) + "\n"
+
+
+def write_sheets(prs=None):
+    """Refresh the generated block of every PR's sheet (docs/upstream/<pr>.md);
+    a missing sheet is started. Returns the sheets written."""
+    prs = series() if prs is None else prs
+    written = []
+    for pr in prs:
+        sheet = SHEETS / f"{pr.name}.md"
+        block = sheet_block(pr, prs)
+        if not sheet.is_file():
+            text = f"# PR: {pr.title}\n\n{block}"
+        else:
+            text = sheet.read_text()
+            if SHEET_BEGIN in text:
+                i, j = text.index(SHEET_BEGIN), text.index(SHEET_END) + len(SHEET_END)
+                text = text[:i] + block.rstrip("\n") + text[j:]
+            else:
+                head, _, rest = text.partition("\n\n")
+                text = f"{head}\n\n{block}\n{rest}"
+        if not sheet.is_file() or sheet.read_text() != text:
+            sheet.write_text(text)
+            written.append(str(sheet.relative_to(ROOT)))
+    return written
+
+
+def test_prs(python=sys.executable, names=None):
+    """Each PR alone: export it (with its dependencies) onto the pinned
+    release's tree and run its tests there, with ``python`` (whose installed
+    mlx_lm the tree's goes in front of). Returns the PRs that failed."""
+    failed = []
+    prs = series()
+    for pr in prs:
+        if names and pr.name not in names:
+            continue
+        start = time.monotonic()
+        with tempfile.TemporaryDirectory() as tmp:
+            tree = Path(tmp) / "tree"
+            shutil.copytree(
+                fetch_upstream(), tree, ignore=shutil.ignore_patterns("__pycache__")
+            )
+            problems = export(tree, pr.name)
+            for line in problems:
+                print(f"{pr.name}: conflict: {line}")
+            code = 1
+            if not problems and pr.tests:
+                # The tests import helpers from benchmarks/, the fork's own.
+                path = os.pathsep.join([str(tree), str(ROOT / "benchmarks")])
+                env = dict(os.environ, PYTHONPATH=path, HF_HUB_OFFLINE="1")
+                env["TOKENIZERS_PARALLELISM"] = "false"
+                cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
+                cmd += ["--tb=short"]
+                for t in pr.tests:
+                    cmd += ["--deselect", t[1:]] if t.startswith("-") else [t]
+                r = subprocess.run(
+                    cmd, cwd=tree, env=env, capture_output=True, text=True
+                )
+                code = r.returncode
+                summary = (r.stdout.strip().splitlines() or [""])[-1]
+                if code != 0:
+                    print(r.stdout[-6000:] + r.stderr[-2000:])
+            else:
+                summary = "no tests" if not problems else "does not apply"
+        took = time.monotonic() - start
+        status = "ok" if code == 0 else "FAILED"
+        print(f"PR {pr.name:20} {status:6} {took:6.1f} s  {summary}", flush=True)
+        if code != 0:
+            failed.append(pr.name)
+    return failed
+
+
 def test(ref=None):
     """The fork's test command: install the fork from git into a fresh venv,
     then run the fork's tests, the release's own suite and the linters."""
@@ -570,7 +682,7 @@ def test(ref=None):
     _run(*pip, "torch==2.13.0")
     extras = "test" if sys.platform == "darwin" else "cpu,test"
     _run(*pip, f"{UPSTREAM_NAME}[{extras}] @ git+file://{ROOT}@{ref}")
-    _run(*pip, "pytest", "patch-ng==1.19.1", *TEST_CLIENTS, *LINT_REQUIREMENTS)
+    _run(*pip, "pytest", *TEST_CLIENTS, *LINT_REQUIREMENTS)
 
     results = {}
     version = subprocess.run(
@@ -588,7 +700,13 @@ def test(ref=None):
     if code == 5:
         print("pytest collected no tests")
     results["fork tests"] = code in (0, 5)
-    # In the test venv, which has patch-ng for the patched upstream tests.
+    problems = check_series()
+    for line in problems:
+        print("series:", line)
+    results["series complete"] = not problems
+    failed = test_prs(python)
+    results["each PR alone"] = not failed
+    # In the test venv, which has the test extra for upstream's tests.
     cmd = [python, Path(__file__).resolve(), "upstream-tests"]
     results["upstream suite"] = subprocess.run(list(map(str, cmd))).returncode == 0
     lint_cmd = [python, Path(__file__).resolve(), "lint"]
@@ -614,9 +732,19 @@ def main(argv=None):
     p.add_argument("--link", action="store_true", help="link the fork's files")
     p = sub.add_parser("dev", help="set up or refresh build/dev and .venv")
     p.add_argument("--force", action="store_true", help="drop unsynced edits")
-    sub.add_parser("diff", help="turn dev-tree edits back into patches/")
+    p = sub.add_parser("diff", help="turn dev-tree edits back into patches/")
+    p.add_argument(
+        "--pr", help="the PR that takes the edits (where several edit a file)"
+    )
     p = sub.add_parser("export", help="apply the fork onto an upstream tree")
     p.add_argument("tree")
+    p.add_argument("--pr", help="only this PR and the PRs it depends on")
+    p = sub.add_parser("series", help="the PRs, their sizes; check that each applies")
+    p.add_argument(
+        "--sheets", action="store_true", help="refresh docs/upstream/<pr>.md"
+    )
+    p = sub.add_parser("test-prs", help="each PR alone on 0.32.2 with its tests")
+    p.add_argument("names", nargs="*", help="PRs (default all)")
     sub.add_parser("lint", help="black, isort, ruff on what the fork touches")
     sub.add_parser("demo", help="set up, then a long decode on a tiny model")
     p = sub.add_parser("tiny-model", help="write a tiny random model folder")
@@ -637,17 +765,6 @@ def main(argv=None):
         extra = extra[1:]
     if extra and args.command not in ("demo", "upstream-tests"):
         parser.error(f"unrecognized arguments: {' '.join(extra)}")
-    if args.command in (
-        "stage",
-        "dev",
-        "demo",
-        "tiny-model",
-        "export",
-        "lint",
-        "upstream-tests",
-    ):
-        _reexec_with_patch_ng()
-
     try:
         if args.command == "stage":
             print(stage(args.dest, link=args.link) / "mlx_lm")
@@ -655,15 +772,27 @@ def main(argv=None):
             python = setup_dev(force=args.force)
             print(f"dev tree: {DEV_TREE / 'mlx_lm'}\npython:   {python}")
         elif args.command == "diff":
-            for line in sync_patches() or ["patches/ is up to date"]:
+            for line in sync_patches(args.pr) or ["patches/ is up to date"]:
                 print(line)
         elif args.command == "export":
-            problems = export(args.tree)
+            problems = export(args.tree, args.pr)
             for line in problems:
                 print("conflict:", line)
             if problems:
                 return 1
             print(f"applied; `git -C {args.tree} diff` shows the change")
+        elif args.command == "series":
+            print_series()
+            if args.sheets:
+                for line in write_sheets():
+                    print("wrote", line)
+            problems = check_series()
+            for line in problems:
+                print("problem:", line)
+            print("series: " + ("FAILED" if problems else "every PR applies alone"))
+            return 1 if problems else 0
+        elif args.command == "test-prs":
+            return 1 if test_prs(names=args.names) else 0
         elif args.command == "lint":
             return 0 if lint() else 1
         elif args.command == "demo":

@@ -1,5 +1,6 @@
 # Copyright © 2026 Apple Inc.
 
+import contextlib
 import shutil
 import sys
 import tempfile
@@ -31,12 +32,17 @@ class TestForkAssembly(unittest.TestCase):
             else:
                 (root / name).mkdir(parents=True)
         (root / "tools").mkdir()
-        return mock.patch.multiple(
-            fork,
-            ROOT=root,
-            PATCHES=root / "patches",
-            DEV_TREE=root / "build" / "dev",
+        stack = contextlib.ExitStack()
+        stack.enter_context(
+            mock.patch.multiple(fork.assemble, ROOT=root, PATCHES=root / "patches")
         )
+        stack.enter_context(
+            mock.patch.multiple(fork, ROOT=root, DEV_TREE=root / "build" / "dev")
+        )
+        return stack
+
+    def staged_with(self, prs):
+        return fork.stage(self.tmp / "staged", prs=fork.closure(fork.series(), prs))
 
     def test_metadata_comes_from_the_release(self):
         project = fork.upstream_project()
@@ -63,15 +69,148 @@ class TestForkAssembly(unittest.TestCase):
         self.assertIn(fork.VERSION, version)
 
     def test_patches_round_trip(self):
-        staged = fork.stage(self.tmp / "staged")
-        for patch in fork.patch_files():
-            rel = fork._target_of(patch)
-            regenerated = fork.make_patch(
-                rel,
-                (self.upstream / rel).read_text(),
-                (staged / rel).read_text(),
+        # Each PR's patch is the diff from the release with its dependencies
+        # applied to that tree with the PR applied too.
+        prs = fork.series()
+        for pr in prs:
+            deps = [p for p in fork.closure(prs, [pr.name]) if p is not pr]
+            for patch in pr.patches():
+                rel = fork.target_of(patch)
+                base = fork._apply_all((self.upstream / rel).read_text(), rel, deps)
+                new = fork._apply_all(base, rel, [pr])
+                text = patch.read_text()
+                made = [fork.make_patch(rel, base, new, n) for n in (3, 2, 1, 0)]
+                self.assertIn(text, made, patch)
+
+    def test_every_hunk_and_new_file_is_in_exactly_one_pr(self):
+        self.assertEqual(fork.check_series(), [])
+        prs = fork.series()
+        owned = [f for p in prs for f in p.files]
+        self.assertEqual(len(owned), len(set(owned)))
+        new = fork.fork_files() + [
+            Path("tests") / f for f in fork._files(fork.ROOT / "tests")
+        ]
+        self.assertEqual(sorted(owned), sorted(new))
+        # A patch file is one PR's: its folder.
+        for patch in fork.assemble.PATCHES.rglob("*.patch"):
+            name = patch.relative_to(fork.assemble.PATCHES).parts[0]
+            self.assertIn(name, [p.name for p in prs], patch)
+        # The series applied in order gives each file; a hunk of one PR
+        # taken out breaks the round trip (each hunk counted once).
+        staged = fork.stage(self.tmp / "all")
+        for rel in {fork.target_of(p) for p in fork.patch_files()}:
+            self.assertEqual(fork.series_text(rel, prs), (staged / rel).read_text())
+
+    def test_manifest_names_what_is_missing(self):
+        with self.sandbox():
+            (fork.ROOT / "tests" / "test_stray.py").write_text("x = 1\n")
+            (fork.ROOT / "mlx_lm" / "stray.py").write_text("x = 1\n")
+            problems = fork.check_series()
+            self.assertTrue(any("test_stray.py is in 0 PRs" in p for p in problems))
+            with self.assertRaisesRegex(fork.ForkError, "mlx_lm/stray.py"):
+                fork.stage(self.tmp / "out")
+
+    def test_export_of_one_pr_brings_its_dependencies_only(self):
+        tree = self.tmp / "upstream"
+        shutil.copytree(self.upstream, tree)
+        self.assertEqual(fork.export(tree, "server-models"), [])
+        prs = fork.closure(fork.series(), ["server-models"])
+        self.assertEqual(
+            [p.name for p in prs],
+            ["deepseek-v4", "chat-encoder", "server-requests", "server-models"],
+        )
+        staged = self.staged_with(["server-models"])
+        server = "mlx_lm/server.py"
+        self.assertEqual((tree / server).read_text(), (staged / server).read_text())
+        text = (tree / server).read_text()
+        self.assertIn("def validate_request_fields", text)  # server-requests
+        self.assertIn("repos = scan_cache_dir().repos", text)  # server-models
+        self.assertNotIn("def _client_disconnected", text)  # server-disconnect
+        self.assertNotIn("def fix_mmap_threshold", text)  # server-memory
+        self.assertTrue((tree / "tests/test_server_models.py").is_file())
+        self.assertFalse((tree / "tests/test_server_disconnect.py").exists())
+        self.assertFalse((tree / "tests/test_load_errors.py").exists())
+        # The PR alone, without its dependencies, is not what export writes.
+        self.assertNotEqual(
+            fork.series_text(server, fork.closure(fork.series(), ["server-requests"])),
+            text,
+        )
+
+    def test_export_of_an_unknown_pr_names_the_prs(self):
+        tree = self.tmp / "upstream"
+        shutil.copytree(self.upstream, tree)
+        with self.assertRaisesRegex(fork.ForkError, "prompt-trie"):
+            fork.export(tree, "no-such-pr")
+
+    def test_edit_of_a_file_of_several_prs_needs_a_pr(self):
+        with self.sandbox():
+            fork.stage(fork.DEV_TREE, link=True)
+            rel = Path("mlx_lm/server.py")
+            edited = fork.DEV_TREE / rel
+            text = edited.read_text().replace(
+                "            repos = []\n",
+                "            repos = []  # an edit in the dev tree\n",
             )
-            self.assertEqual(regenerated, patch.read_text(), patch)
+            edited.write_text(text)
+            self.assertEqual(fork._pending_edits(), [rel])
+            with self.assertRaises(fork.ForkError) as e:
+                fork.sync_patches()
+            for name in ("server-requests", "server-models", "server-memory"):
+                self.assertIn(name, str(e.exception))
+            self.assertIn("--pr", str(e.exception))
+
+            before = {p: p.read_text() for p in fork.assemble.PATCHES.rglob("*.patch")}
+            self.assertEqual(
+                fork.sync_patches("server-models"),
+                ["wrote patches/server-models/mlx_lm/server.py.patch"],
+            )
+            self.assertEqual(fork._pending_edits(), [])
+            after = {p: p.read_text() for p in fork.assemble.PATCHES.rglob("*.patch")}
+            self.assertEqual(
+                [p.parent.parent.name for p in after if after[p] != before[p]],
+                ["server-models"],
+            )
+            self.assertIn(
+                "an edit in the dev tree",
+                after[fork.assemble.patch_path("server-models", rel)],
+            )
+            # The series gives the edited file; each PR still applies alone.
+            self.assertEqual(fork.series_text(rel), text)
+            self.assertEqual(fork.check_series(), [])
+            tree = self.tmp / "upstream"
+            shutil.copytree(self.upstream, tree)
+            self.assertEqual(fork.export(tree, "server-memory"), [])
+            self.assertNotIn("an edit in the dev tree", (tree / rel).read_text())
+
+    def test_edit_that_shifts_lines_rebases_the_prs_after_it(self):
+        with self.sandbox():
+            fork.stage(fork.DEV_TREE, link=True)
+            rel = Path("mlx_lm/server.py")
+            edited = fork.DEV_TREE / rel
+            marker = "class RequestError(ValueError):\n"
+            text = edited.read_text().replace(
+                marker, "# one\n# two\n# three\n\n\n" + marker
+            )
+            edited.write_text(text)
+            written = fork.sync_patches("server-requests")
+            self.assertIn(
+                "wrote patches/server-requests/mlx_lm/server.py.patch", written
+            )
+            self.assertEqual(fork.series_text(rel), text)
+            self.assertEqual(fork.check_series(), [])
+
+    def test_edit_of_a_file_no_pr_edits_needs_a_pr(self):
+        with self.sandbox():
+            fork.stage(fork.DEV_TREE, link=True)
+            rel = Path("mlx_lm/sample_utils.py")
+            edited = fork.DEV_TREE / rel
+            edited.write_text(edited.read_text() + "\n# an edit\n")
+            with self.assertRaisesRegex(fork.ForkError, "no PR edits it yet"):
+                fork.sync_patches()
+            self.assertEqual(
+                fork.sync_patches("prompt-trie"),
+                ["wrote patches/prompt-trie/mlx_lm/sample_utils.py.patch"],
+            )
 
     def test_dev_tree_edit_becomes_a_patch_and_back(self):
         with self.sandbox():
@@ -83,7 +222,8 @@ class TestForkAssembly(unittest.TestCase):
             self.assertEqual(fork._pending_edits(), [rel])
 
             self.assertEqual(
-                fork.sync_patches(), ["wrote patches/mlx_lm/models/base.py.patch"]
+                fork.sync_patches(),
+                ["wrote patches/load-errors/mlx_lm/models/base.py.patch"],
             )
             self.assertEqual(fork._pending_edits(), [])
             self.assertEqual(fork.sync_patches(), [])
@@ -94,15 +234,21 @@ class TestForkAssembly(unittest.TestCase):
 
             # A new file written in the dev tree moves into the repository.
             (fork.DEV_TREE / "mlx_lm" / "models" / "brand_new.py").write_text("x = 1\n")
+            with self.assertRaisesRegex(fork.ForkError, "--pr"):
+                fork.sync_patches()
             self.assertEqual(
-                fork.sync_patches()[0], "new file mlx_lm/models/brand_new.py"
+                fork.sync_patches("deepseek-v4")[0],
+                "new file mlx_lm/models/brand_new.py (PR deepseek-v4)",
             )
             self.assertTrue((fork.ROOT / "mlx_lm/models/brand_new.py").is_file())
+            deepseek = fork.closure(fork.series(), ["deepseek-v4"])[-1]
+            self.assertIn(Path("mlx_lm/models/brand_new.py"), deepseek.files)
 
             # Undoing the edit removes the patch.
             edited.write_text((self.upstream / rel).read_text())
             self.assertEqual(
-                fork.sync_patches(), ["removed patches/mlx_lm/models/base.py.patch"]
+                fork.sync_patches(),
+                ["removed patches/load-errors/mlx_lm/models/base.py.patch"],
             )
 
     def test_edit_of_an_upstream_test_becomes_a_tests_patch(self):
@@ -114,7 +260,8 @@ class TestForkAssembly(unittest.TestCase):
             edited.write_text(text)
             self.assertEqual(fork._pending_edits(), [rel])
             self.assertEqual(
-                fork.sync_patches(), ["wrote patches/tests/test_models.py.patch"]
+                fork.sync_patches(),
+                ["wrote patches/deepseek-v4/tests/test_models.py.patch"],
             )
             # The upstream suite runs the patched file; export applies it.
             tests = fork.stage_tests(self.tmp / "suite")
@@ -129,7 +276,6 @@ class TestForkAssembly(unittest.TestCase):
 
     def test_demo_passes_the_arguments_after_a_double_dash_on(self):
         with (
-            mock.patch.object(fork, "_reexec_with_patch_ng"),
             mock.patch.object(fork, "setup_dev", return_value="python"),
             mock.patch.object(fork.subprocess, "run") as run,
         ):
@@ -141,10 +287,7 @@ class TestForkAssembly(unittest.TestCase):
         from mlx_lm import load
 
         folder = self.tmp / "tiny"
-        with (
-            mock.patch.object(fork, "_reexec_with_patch_ng"),
-            mock.patch.object(fork, "setup_dev", return_value=sys.executable),
-        ):
+        with (mock.patch.object(fork, "setup_dev", return_value=sys.executable),):
             self.assertEqual(fork.main(["tiny-model", str(folder)]), 0)
         model, tokenizer = load(str(folder))
         self.assertEqual(model.model_type, "deepseek_v4")
@@ -161,7 +304,7 @@ class TestForkAssembly(unittest.TestCase):
     def test_patch_that_does_not_apply_names_file_and_hunk(self):
         with self.sandbox():
             rel = "mlx_lm/models/base.py"
-            bad = fork.PATCHES / (rel + ".patch")
+            bad = fork.assemble.patch_path("prompt-trie", rel)
             bad.parent.mkdir(parents=True, exist_ok=True)
             bad.write_text(
                 f"--- a/{rel}\n+++ b/{rel}\n@@ -1,2 +1,2 @@\n"
@@ -185,15 +328,15 @@ class TestForkAssembly(unittest.TestCase):
         shutil.copytree(self.upstream, tree)
         self.assertEqual(fork.export(tree), [])
         staged = fork.stage(self.tmp / "staged")
-        for rel in fork.fork_files() + [fork._target_of(p) for p in fork.patch_files()]:
+        for rel in fork.fork_files() + [fork.target_of(p) for p in fork.patch_files()]:
             self.assertEqual((tree / rel).read_bytes(), (staged / rel).read_bytes())
 
     def test_export_reports_conflicts_per_file_and_hunk(self):
         tree = self.tmp / "upstream"
         shutil.copytree(self.upstream, tree)
         with self.sandbox():
-            rel = "mlx_lm/models/base.py"
-            patch = fork.PATCHES / (rel + ".patch")
+            rel = "mlx_lm/sample_utils.py"
+            patch = fork.assemble.patch_path("prompt-trie", rel)
             patch.parent.mkdir(parents=True, exist_ok=True)
             old = (self.upstream / rel).read_text()
             patch.write_text(
@@ -202,7 +345,7 @@ class TestForkAssembly(unittest.TestCase):
             # Upstream moved on: the line the hunk needs is gone.
             (tree / rel).write_text(old.replace("import", "# import", 1))
             problems = fork.export(tree)
-        self.assertEqual(len([p for p in problems if "base.py.patch" in p]), 1)
+        self.assertEqual(len([p for p in problems if "sample_utils.py.patch" in p]), 1)
         self.assertIn("hunk no.1", problems[-1])
 
 

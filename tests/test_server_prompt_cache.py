@@ -1,0 +1,23 @@
+# Copyright © 2026 Apple Inc.
+
+import unittest
+
+from test_server_requests import ServerTestCase
+
+
+class TestServerPromptCache(ServerTestCase):
+
+    def test_a_shared_system_prompt_comes_from_the_prompt_cache(self):
+        system = {"role": "system", "content": "The quick brown fox. " * 8}
+        cached = []
+        for question in ("Jumps over?", "The lazy dog?"):
+            messages = [system, {"role": "user", "content": question}]
+            status, answer = self.server.chat({"messages": messages, "max_tokens": 2})
+            self.assertEqual(status, 200, answer)
+            cached.append(answer["usage"]["prompt_tokens_details"]["cached_tokens"])
+        self.assertEqual(cached[0], 0)
+        self.assertGreater(cached[1], 30)
+
+
+if __name__ == "__main__":
+    unittest.main()
