@@ -3,8 +3,7 @@
 import math
 import re
 from dataclasses import dataclass, fields
-from functools import lru_cache, partial
-from types import SimpleNamespace
+from functools import partial
 from typing import Any, Callable, Dict, List, Optional
 
 import mlx.core as mx
@@ -12,18 +11,22 @@ import mlx.nn as nn
 from mlx.nn.layers.distributed import shard_inplace, shard_linear, sum_gradients
 from mlx.utils import tree_flatten
 
-from ..utils import infer_quant_config
-from . import deepseek_v41
 from .base import BaseModelArgs
 from .cache import CompressorCache, SharedWindowCache, WindowCompressorCache
-from .deepseek_v41 import DeepseekV41SwiGLU, SharedMLP, _collapse, _expand
-from .rope_utils import YarnRoPE
+from .deepseek_v41 import (
+    DeepseekV41SwiGLU,
+    HyperConnection,
+    SharedMLP,
+    _collapse,
+    _repack,
+    make_rope,
+)
+from .pipeline import PipelineMixin
 from .switch_layers import SwitchGLU, SwitchLinear
 
 SLIDING = "sliding_attention"
 CSA = "compressed_sparse_attention"
 HCA = "heavily_compressed_attention"
-_MLP_TYPES = ("hash_moe", "moe")
 # A prompt's queries attend in blocks of this many, each block to the keys
 # its window spans.
 _QUERY_BLOCK = 128
@@ -83,44 +86,38 @@ class ModelArgs(BaseModelArgs):
     quantization_config: Optional[Dict[str, Any]] = None
 
     def __post_init__(self):
-        _check_numbers(self)
-        _check_quantization(self)
+        problems = _number_problems(self)
+        if problems:
+            raise ValueError("Invalid DeepSeek-V4 config:\n  " + "\n  ".join(problems))
         n = self.num_hidden_layers
         rates = {CSA: 4, HCA: 128}
         if self.compress_ratios is not None:
-            # DeepSeek's code overlaps (and indexes) ratio 4 only; any other
-            # ratio is heavily compressed. The list may end with the MTP layer.
+            # DeepSeek's list may end with the MTP layer's ratio; ratio 4 is
+            # overlapped and indexed, any other heavily compressed.
             ratios = list(self.compress_ratios)[:n]
-            if len(ratios) < n or any(
-                not isinstance(r, int) or isinstance(r, bool) or r < 0 for r in ratios
+            hca = {r for r in ratios if isinstance(r, int) and r not in (0, 4)}
+            if (
+                len(ratios) < n
+                or len(hca) > 1
+                or any(not isinstance(r, int) or r < 0 for r in ratios)
             ):
                 raise ValueError(
-                    f"`compress_ratios` needs {n} integer ratios of 0 or more, "
-                    f"not {self.compress_ratios}."
+                    f"`compress_ratios` needs {n} integer ratios of 0 or more "
+                    f"and at most one HCA ratio, not {self.compress_ratios}."
                 )
-            hca = {r for r in ratios if r and r != 4}
-            if len(hca) > 1:
-                raise ValueError(
-                    f"`compress_ratios` has several HCA ratios {sorted(hca)}."
-                )
-            ratio_rates = {CSA: 4, HCA: hca.pop() if hca else rates[HCA]}
             ratio_types = [SLIDING if not r else CSA if r == 4 else HCA for r in ratios]
-        if self.layer_types is None:
-            if self.compress_ratios is None:
-                raise ValueError(
-                    "The config needs `layer_types` or `compress_ratios` for "
-                    "DeepSeek-V4."
-                )
-            rates, self.layer_types = ratio_rates, ratio_types
-        else:
-            rates.update(self.compress_rates or {})
+            if self.layer_types is None:
+                self.layer_types = ratio_types
+                rates[HCA] = hca.pop() if hca else rates[HCA]
+        elif self.layer_types is None:
+            raise ValueError("DeepSeek-V4 needs `layer_types` or `compress_ratios`.")
+        rates.update(self.compress_rates or {})
         if set(rates) != {CSA, HCA} or any(
-            not isinstance(r, int) or isinstance(r, bool) or r < 1
-            for r in rates.values()
+            not isinstance(r, int) or r < 1 for r in rates.values()
         ):
             raise ValueError(
-                f"`compress_rates` needs positive integer rates for {CSA} and "
-                f"{HCA}, not {self.compress_rates}."
+                f"`compress_rates` needs positive rates for {CSA} and {HCA}, not "
+                f"{self.compress_rates}."
             )
         self.compress_rates = rates
         if self.mlp_layer_types is None:
@@ -128,7 +125,7 @@ class ModelArgs(BaseModelArgs):
             self.mlp_layer_types = ["hash_moe"] * hashed + ["moe"] * (n - hashed)
         for name, allowed in (
             ("layer_types", (SLIDING, CSA, HCA)),
-            ("mlp_layer_types", _MLP_TYPES),
+            ("mlp_layer_types", ("hash_moe", "moe")),
         ):
             types = list(getattr(self, name))[:n]
             if len(types) != n or any(t not in allowed for t in types):
@@ -137,29 +134,23 @@ class ModelArgs(BaseModelArgs):
                     f"{getattr(self, name)}."
                 )
             setattr(self, name, types)
-        if self.compress_ratios is not None:
-            # Both schemas given: they must describe the same layers.
-            for i, (kind, r) in enumerate(zip(self.layer_types, ratios)):
-                rate = 0 if kind == SLIDING else rates[kind]
-                if kind != ratio_types[i] or rate != r:
-                    raise ValueError(
-                        f"`compress_ratios` and `layer_types` disagree on layer "
-                        f"{i}: ratio {r} is {ratio_types[i]}, but `layer_types` "
-                        f"says {kind} (rate {rate}, from `compress_rates`)."
-                    )
-        if self.scoring_func != "sqrtsoftplus":
-            raise ValueError(
-                f"`scoring_func` {self.scoring_func!r} is not supported: "
-                "DeepSeek-V4 routes with 'sqrtsoftplus'."
-            )
-        if self.num_key_value_heads != 1:
-            raise ValueError(
-                "`num_key_value_heads` must be 1: DeepSeek-V4 shares one KV head."
-            )
+        for i, kind in enumerate(self.layer_types if self.compress_ratios else ()):
+            rate = 0 if kind == SLIDING else rates[kind]
+            if kind != ratio_types[i] or rate != ratios[i]:
+                raise ValueError(
+                    f"`compress_ratios` and `layer_types` disagree on layer {i}: "
+                    f"ratio {ratios[i]} is {ratio_types[i]}, but `layer_types` "
+                    f"says {kind} (rate {rate}, from `compress_rates`)."
+                )
         if self.qk_rope_head_dim is None:
             factor = self.partial_rotary_factor or 64 / 512
             self.qk_rope_head_dim = int(self.head_dim * factor)
         for problem, message in (
+            (
+                self.scoring_func != "sqrtsoftplus",
+                "`scoring_func` must be 'sqrtsoftplus'",
+            ),
+            (self.num_key_value_heads != 1, "`num_key_value_heads` must be 1"),
             (
                 self.qk_rope_head_dim > self.head_dim or self.qk_rope_head_dim % 2,
                 f"`qk_rope_head_dim` {self.qk_rope_head_dim} must be even and at "
@@ -175,6 +166,7 @@ class ModelArgs(BaseModelArgs):
                 f"`o_groups` {self.o_groups} does not divide "
                 f"`num_attention_heads` {self.num_attention_heads}",
             ),
+            *_fp8_problems(self.quantization_config if not self.quantization else {}),
         ):
             if problem:
                 raise ValueError(f"Invalid DeepSeek-V4 config: {message}.")
@@ -191,106 +183,78 @@ class ModelArgs(BaseModelArgs):
         self.rope_scaling = scaling
 
 
-# The smallest value of the number fields that may be below 1 (any other
-# integer is at least 1, any other float above 0).
-_MINIMUMS = {
-    "qk_rope_head_dim": 0,
-    "n_shared_experts": 0,
-    "num_hash_layers": 0,
-    "swiglu_limit": 0,
-}
+# Number fields that may be 0; any other integer is at least 1, any other
+# float above 0.
+_MAY_BE_ZERO = (
+    "qk_rope_head_dim",
+    "n_shared_experts",
+    "num_hash_layers",
+    "swiglu_limit",
+)
 
 
-def _check_numbers(args: ModelArgs) -> None:
-    """Raise one error naming every int or float field of the wrong type or
-    out of range."""
+def _number_problems(args: ModelArgs) -> List[str]:
     problems = []
-    for field in fields(args):
-        if field.type in (int, Optional[int]):
-            kind, what = int, "an integer"
-        elif field.type in (float, Optional[float]):
-            kind, what = (int, float), "a number"
-        else:
+    for f in fields(args):
+        value = getattr(args, f.name)
+        if f.type not in (int, float, Optional[int], Optional[float]) or (
+            value is None and f.default is None
+        ):
             continue
-        value = getattr(args, field.name)
-        if value is None and field.default is None:
-            continue
-        if not isinstance(value, kind) or isinstance(value, bool):
-            problems.append(f"`{field.name}` {value!r} is not {what}")
-            continue
-        low = _MINIMUMS.get(field.name)
-        if low is not None and not value >= low:
-            problems.append(f"`{field.name}` {value} must be {low} or more")
-        elif low is None and kind is int and value < 1:
-            problems.append(f"`{field.name}` {value} must be 1 or more")
-        elif low is None and not (0 < value < math.inf):
-            problems.append(f"`{field.name}` {value} must be a positive number")
-    if problems:
-        raise ValueError("Invalid DeepSeek-V4 config:\n  " + "\n  ".join(problems))
+        low = 0 if f.name in _MAY_BE_ZERO else 1
+        if not isinstance(value, (int, float)) or isinstance(value, bool):
+            problems.append(f"`{f.name}` {value!r} is not a number")
+        elif f.type in (int, Optional[int]) and value < low:
+            problems.append(f"`{f.name}` {value} must be {low} or more")
+        elif f.type in (float, Optional[float]) and not (
+            value >= low if low == 0 else 0 < value < math.inf
+        ):
+            what = "0 or more" if low == 0 else "a positive number"
+            problems.append(f"`{f.name}` {value} must be {what}")
+    return problems
 
 
-def _make_rope(args: ModelArgs, compressed: bool) -> YarnRoPE:
-    dims = args.qk_rope_head_dim
-    if not compressed:
-        return YarnRoPE(dims, traditional=True, base=args.rope_theta)
-    scaling = args.rope_scaling
-    if scaling is None:
-        return YarnRoPE(dims, traditional=True, base=args.compress_rope_theta)
-    original = scaling["original_max_position_embeddings"]
-    factor = scaling.get("factor") or args.max_position_embeddings / original
-    # DeepSeek-V4 does not scale the attention (YaRN's mscale is 1).
-    return YarnRoPE(
-        dims,
-        traditional=True,
-        base=args.compress_rope_theta,
-        scaling_factor=factor,
-        original_max_position_embeddings=original,
-        beta_fast=scaling.get("beta_fast") or 32,
-        beta_slow=scaling.get("beta_slow") or 1,
-        mscale=0.0,
-        mscale_all_dim=0.0,
+def _fp8_problems(config: Optional[Dict[str, Any]]):
+    """DeepSeek's own quantization: fp8 e4m3 with ue8m0 block scales."""
+    if not config:
+        return
+    for key, value in (
+        ("quant_method", "fp8"),
+        ("fmt", "e4m3"),
+        ("scale_fmt", "ue8m0"),
+    ):
+        got = config.get(key, None if key == "quant_method" else value)
+        yield got != value, f"`quantization_config.{key}` {got!r} is not {value!r}"
+    block = config.get("weight_block_size", [128, 128])
+    yield len(block) != 2 or block[1] % 32, (
+        f"`quantization_config.weight_block_size` {block} needs columns a "
+        "multiple of 32"
+    )
+    expert = config.get("expert_dtype", "fp8")
+    yield expert not in ("fp4", "fp8"), (
+        f"`quantization_config.expert_dtype` {expert!r} is not 'fp4' or 'fp8'"
     )
 
 
-def _rope_freqs(rope: YarnRoPE, dims: int) -> mx.array:
-    """The rope's frequencies for all ``dims`` features: infinite periods
-    leave the leading ones unrotated, so one rope call covers a whole head."""
-    lead = mx.full(((dims - rope.dims) // 2,), mx.inf)
-    return mx.concatenate([lead, rope._freqs])
+def _rope_freqs(args: ModelArgs, compressed: bool, dims: int) -> mx.array:
+    """The frequencies of all ``dims`` features: infinite periods leave the
+    leading ones unrotated, so one rope call covers a whole head."""
+    freqs = make_rope(args, compressed).freqs
+    return mx.concatenate([mx.full((dims // 2 - freqs.size,), mx.inf), freqs])
 
 
-class _StepCompiled:
-    """``fn`` compiled for decode steps, whose shapes repeat; a prompt runs it
-    as it is, since each new prompt length would keep one more compiled trace
-    in memory."""
-
-    def __init__(self, fn):
-        self.fn = fn
-        self.compiled = mx.compile(fn)
-
-    def __call__(self, step: bool, *args):
-        return (self.compiled if step else self.fn)(*args)
-
-
-@lru_cache
-def _compiled_rope(scale: float):
-    def rope(x, freqs, offset):
-        return mx.fast.rope(
-            x,
-            x.shape[-1],
-            traditional=True,
-            base=None,
-            scale=scale,
-            offset=offset,
-            freqs=freqs,
-        )
-
-    return _StepCompiled(rope)
-
-
+@mx.compile
 def _rope(x, freqs, offset, scale=1.0):
     """Rotate x [..., L, D] from positions ``offset`` ([B]) on."""
-    return _compiled_rope(scale)(x.shape[-2] == 1, x, freqs, offset)
+    return mx.fast.rope(
+        x,
+        x.shape[-1],
+        traditional=True,
+        base=None,
+        scale=scale,
+        offset=offset,
+        freqs=freqs,
+    )
 
 
 def _memoize(method):
@@ -413,16 +377,15 @@ class Rows:
         return first, closed, pos, idx
 
 
-@lru_cache
-def _compiled_rms_norm(eps: float):
-    return mx.compile(
-        lambda x, weight: mx.fast.rms_norm(x, weight, eps), shapeless=True
-    )
+@partial(mx.compile, shapeless=True)
+def _rms_norm(x, weight, eps):
+    return mx.fast.rms_norm(x, weight, eps)
 
 
 class RMSNorm(nn.RMSNorm):
+    # Compiled: on a CPU mx.fast.rms_norm is a graph of ops.
     def __call__(self, x: mx.array) -> mx.array:
-        return _compiled_rms_norm(self.eps)(x, self.weight)
+        return _rms_norm(x, self.weight, self.eps)
 
 
 class Compressor(nn.Module):
@@ -436,7 +399,7 @@ class Compressor(nn.Module):
         self.wgate = nn.Linear(args.hidden_size, width, bias=False)
         self.ape = mx.zeros((ratio, width), dtype=mx.float32)
         self.norm = nn.RMSNorm(head_dim, eps=args.rms_norm_eps)
-        self._freqs = _rope_freqs(_make_rope(args, compressed=True), head_dim)
+        self._freqs = _rope_freqs(args, True, head_dim)
 
     def __call__(
         self, x: mx.array, cache: CompressorCache, rows: Rows
@@ -449,9 +412,7 @@ class Compressor(nn.Module):
         buffers = cache.update_rows(kv, gate, rows.slots(span), fetch=closed > 0)
         if closed == 0:
             return cache.pool
-        pool = _compiled_pool(ratio, self.head_dim, self.overlap, self.norm.eps)
-        entries = pool(
-            x.shape[1] == 1,
+        entries = _pool(
             *buffers,
             idx,
             pos,
@@ -459,42 +420,36 @@ class Compressor(nn.Module):
             self.norm.weight,
             self._freqs,
             mx.array(first),
+            ratio,
+            self.overlap,
+            self.norm.eps,
         )
         return cache.update_pool(entries.astype(x.dtype), first)
 
 
-@lru_cache
-def _compiled_pool(ratio: int, head_dim: int, overlap: bool, eps: float):
-    def pool(buf_kv, buf_gate, idx, pos, ape, norm_weight, freqs, first):
-        idx = mx.stop_gradient(idx)
-        batch, n, _ = idx.shape
-        shape = (batch, n // ratio, ratio, buf_kv.shape[-1])
-        kv = mx.take_along_axis(buf_kv, idx, axis=1).reshape(shape)
-        gate = mx.take_along_axis(buf_gate, idx, axis=1).reshape(shape) + ape
-        if overlap:
-            # Entry w pools the first half of window w - 1 and the second
-            # half of window w; nothing comes before position 0.
-            d = head_dim
-            early = (pos < 0).reshape(*shape[:3], 1)[:, :-1]
-            kv_a = mx.where(early, 0, kv[:, :-1, :, :d])
-            gate_a = mx.where(early, -mx.inf, gate[:, :-1, :, :d])
-            kv = mx.concatenate([kv_a, kv[:, 1:, :, d:]], axis=2)
-            gate = mx.concatenate([gate_a, gate[:, 1:, :, d:]], axis=2)
-        weights = mx.softmax(gate.astype(mx.float32), axis=2, precise=True)
-        entries = mx.sum(kv * weights.astype(kv.dtype), axis=2)
-        entries = mx.fast.rms_norm(entries, norm_weight, eps)
-        # An entry sits at the position of its window's first row.
-        return mx.fast.rope(
-            entries,
-            head_dim,
-            traditional=True,
-            base=None,
-            scale=float(ratio),
-            offset=first,
-            freqs=freqs,
-        )
-
-    return _StepCompiled(pool)
+@mx.compile
+def _pool(
+    buf_kv, buf_gate, idx, pos, ape, norm_weight, freqs, first, ratio, overlap, eps
+):
+    idx = mx.stop_gradient(idx)
+    batch, n, _ = idx.shape
+    shape = (batch, n // ratio, ratio, buf_kv.shape[-1])
+    kv = mx.take_along_axis(buf_kv, idx, axis=1).reshape(shape)
+    gate = mx.take_along_axis(buf_gate, idx, axis=1).reshape(shape) + ape
+    if overlap:
+        # Entry w pools the first half of window w - 1 and the second
+        # half of window w; nothing comes before position 0.
+        d = norm_weight.shape[0]
+        early = (pos < 0).reshape(*shape[:3], 1)[:, :-1]
+        kv_a = mx.where(early, 0, kv[:, :-1, :, :d])
+        gate_a = mx.where(early, -mx.inf, gate[:, :-1, :, :d])
+        kv = mx.concatenate([kv_a, kv[:, 1:, :, d:]], axis=2)
+        gate = mx.concatenate([gate_a, gate[:, 1:, :, d:]], axis=2)
+    weights = mx.softmax(gate.astype(mx.float32), axis=2, precise=True)
+    entries = mx.sum(kv * weights.astype(kv.dtype), axis=2)
+    entries = mx.fast.rms_norm(entries, norm_weight, eps)
+    # An entry sits at the position of its window's first row.
+    return _rope(entries, freqs, first, float(ratio))
 
 
 class Indexer(nn.Module):
@@ -509,7 +464,7 @@ class Indexer(nn.Module):
         )
         self.weights_proj = nn.Linear(args.hidden_size, self.n_heads, bias=False)
         self.compressor = Compressor(args, ratio, self.head_dim, overlap=True)
-        self._freqs = _rope_freqs(_make_rope(args, compressed=True), self.head_dim)
+        self._freqs = _rope_freqs(args, True, self.head_dim)
 
     def __call__(
         self, x: mx.array, qr: mx.array, cache: CompressorCache, rows: Rows
@@ -583,8 +538,7 @@ class Attention(nn.Module):
         )
         self.attn_sink = mx.zeros((self.n_heads,), dtype=mx.float32)
         self._group_ids = mx.arange(args.o_groups)[None]
-        rope = _make_rope(args, compressed=self.kind != SLIDING)
-        self._freqs = _rope_freqs(rope, self.head_dim)
+        self._freqs = _rope_freqs(args, self.kind != SLIDING, self.head_dim)
         self._inverse_freqs = -self._freqs
         if self.kind != SLIDING:
             ratio = args.compress_rates[self.kind]
@@ -730,79 +684,6 @@ def _sink_softmax(scores, mask, sinks):
     return (weights / total).astype(scores.dtype)
 
 
-@lru_cache
-def _compiled_collapse(hc: int, iters: int, hc_eps: float, norm_eps: float):
-    """A decode step's collapse in one compiled call (shapes repeat there)."""
-
-    def collapse(streams, fn, base, scale, scale_ids, eps):
-        # Upstream's mixes (its Sinkhorn kernel on a GPU), given the arrays.
-        params = SimpleNamespace(
-            hc=hc,
-            iters=iters,
-            hc_eps=hc_eps,
-            norm_eps=norm_eps,
-            fn=fn,
-            base=base,
-            scale=scale,
-            _scale_ids=scale_ids,
-            _eps=eps,
-        )
-        pre, post, comb = deepseek_v41.HyperConnection.__call__(params, streams)
-        return _collapse(streams, pre), post, comb
-
-    return mx.compile(collapse)
-
-
-def _weighted_sum(weights, streams):
-    """The streams, each times its float32 weights, summed one at a time."""
-    out = mx.expand_dims(weights[0], -1) * streams[0]
-    for w, stream in zip(weights[1:], streams[1:]):
-        out = out + mx.expand_dims(w, -1) * stream
-    return out
-
-
-@partial(mx.compile, shapeless=True)
-def _collapse_by_stream(weights, streams):
-    """``_collapse`` one stream at a time: no float32 copy of the streams."""
-    return _weighted_sum(weights, streams).astype(streams[0].dtype)
-
-
-_compiled_expand = mx.compile(_expand, shapeless=True)
-
-
-@partial(mx.compile, shapeless=True)
-def _expand_by_stream(x, post, comb_rows, streams):
-    """``_expand`` one input stream at a time: no [B, L, hc, hc, D] product
-    (256 MB per call for 1,024 tokens of Flash)."""
-    mixed = _weighted_sum(comb_rows, streams)
-    out = mx.expand_dims(post, -1) * mx.expand_dims(x, -2) + mixed
-    return out.astype(streams[0].dtype)
-
-
-class HyperConnection(deepseek_v41.HyperConnection):
-    def collapse(self, streams: mx.array):
-        """The streams mixed into one, and the post and comb mixes."""
-        if streams.shape[1] == 1:
-            fn = _compiled_collapse(self.hc, self.iters, self.hc_eps, self.norm_eps)
-            args = self.fn, self.base, self.scale, self._scale_ids, self._eps
-            return fn(streams, *args)
-        # A prompt's mixes run uncompiled: compiled, each new prompt length
-        # would keep one more trace in memory.
-        pre, post, comb = self(streams)
-        # Slices stay out of the shapeless compile.
-        weights = [pre[:, :, i] for i in range(self.hc)]
-        parts = [streams[:, :, i] for i in range(self.hc)]
-        return _collapse_by_stream(weights, parts), post, comb
-
-    def expand(self, x: mx.array, streams: mx.array, post: mx.array, comb: mx.array):
-        """The layer's output x written back into the streams."""
-        if streams.shape[1] == 1:
-            return _compiled_expand(x, streams, post, comb)
-        rows = [comb[:, :, i] for i in range(self.hc)]
-        parts = [streams[:, :, i : i + 1] for i in range(self.hc)]
-        return _expand_by_stream(x, post, rows, parts)
-
-
 class Gate(nn.Module):
     def __init__(self, args: ModelArgs, hashed: bool):
         super().__init__()
@@ -820,29 +701,24 @@ class Gate(nn.Module):
 
     def __call__(self, x: mx.array, input_ids: mx.array):
         hashed = "tid2eid" in self
-        route = _compiled_gate(self.top_k, self.scale, hashed)
         choice = self.tid2eid[input_ids] if hashed else self.e_score_correction_bias
-        return route(x.shape[1] == 1, x, self.weight, choice)
+        return _route(x, self.weight, choice, self.top_k, self.scale, hashed)
 
 
-@lru_cache
-def _compiled_gate(top_k: int, scale: float, hashed: bool):
-    def route(x, weight, choice):
-        logits = x.astype(mx.float32) @ weight.astype(mx.float32).T
-        scores = mx.sqrt(nn.softplus(logits))
-        if hashed:
-            inds = choice
-        else:
-            # The bias only selects the experts.
-            biased = scores + choice
-            inds = mx.argpartition(-biased, top_k - 1, axis=-1)[..., :top_k]
-        # Compiled, every input would get a gradient: indices have none.
-        inds = mx.stop_gradient(inds)
-        weights = mx.take_along_axis(scores, inds, axis=-1)
-        weights = weights / (mx.sum(weights, axis=-1, keepdims=True) + 1e-20)
-        return inds, weights * scale
-
-    return _StepCompiled(route)
+@mx.compile
+def _route(x, weight, choice, top_k, scale, hashed):
+    logits = x.astype(mx.float32) @ weight.astype(mx.float32).T
+    scores = mx.sqrt(nn.softplus(logits))
+    if hashed:
+        inds = choice
+    else:
+        # The bias only selects the experts.
+        inds = mx.argpartition(-(scores + choice), top_k - 1, axis=-1)[..., :top_k]
+    # Compiled, every input would get a gradient: indices have none.
+    inds = mx.stop_gradient(inds)
+    weights = mx.take_along_axis(scores, inds, axis=-1)
+    weights = weights / (mx.sum(weights, axis=-1, keepdims=True) + 1e-20)
+    return inds, weights * scale
 
 
 def _freeze_hash_tables(module: nn.Module) -> None:
@@ -927,7 +803,7 @@ def _cache_arrays(cache: List[WindowCompressorCache]) -> List[mx.array]:
     return [a for c in cache for a in c.cache_arrays()]
 
 
-class DeepseekV4Model(nn.Module):
+class DeepseekV4Model(PipelineMixin, nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.hc_mult = args.hc_mult
@@ -944,8 +820,15 @@ class DeepseekV4Model(nn.Module):
         h = mx.broadcast_to(h[:, :, None], (batch, length, self.hc_mult, dims))
         positions = [c.positions(batch, length) for c in cache]
         rows = Rows(*positions[0], length)
-        for layer, layer_cache in zip(self.layers, cache):
+        rank, size = self.pipeline_rank, self.pipeline_size
+        if rank < size - 1:
+            h = mx.distributed.recv_like(h, rank + 1)
+        for layer, layer_cache in zip(self.pipeline_layers, cache):
             h = layer(h, inputs, layer_cache, rows)
+        if rank > 0:
+            h = mx.distributed.send(h, rank - 1)
+        if size > 1:
+            h = mx.distributed.all_gather(h)[:batch]
         out = self.norm(self.hc_head(h))
         # Evaluating the output also materializes every cache array, so no
         # cache field keeps a growing lazy graph, without a host sync.
@@ -974,102 +857,6 @@ _RENAMES = tuple(
 _EXPERT_KEY = re.compile(r"(.+\.ffn)\.experts\.(\d+)\.(\w+)\.(\w+)")
 _WO_A_KEY = re.compile(r"(.+\.attn\.wo_a)\.(\d+)\.(\w+)")
 _MTP_KEY = re.compile(r"(^|\.)mtp\.")
-_MX_MODES = {"mxfp4": (4, 32), "mxfp8": (8, 32), "nvfp4": (4, 16)}
-
-
-def _check_quantization(args: "ModelArgs") -> None:
-    """Raise for a quantization config this model cannot load."""
-    problems = []
-    if args.quantization is not None:
-        entries = [("quantization", args.quantization)]
-        entries += [
-            (f"quantization.{k}", v)
-            for k, v in args.quantization.items()
-            if isinstance(v, dict)
-        ]
-        for field, entry in entries:
-            mode = entry.get("mode", "affine")
-            bits, group_size = entry.get("bits"), entry.get("group_size")
-            if mode != "affine" and mode not in _MX_MODES:
-                problems.append(f"`{field}.mode` {mode!r} is not a quantization mode")
-            elif mode in _MX_MODES and (bits, group_size) != _MX_MODES[mode]:
-                problems.append(
-                    f"`{field}` {mode} needs bits {_MX_MODES[mode][0]} and "
-                    f"group_size {_MX_MODES[mode][1]}, not {bits} and {group_size}"
-                )
-            elif mode == "affine" and (
-                bits not in (2, 3, 4, 5, 6, 8) or group_size not in (32, 64, 128)
-            ):
-                problems.append(
-                    f"`{field}` affine bits {bits} or group_size {group_size} "
-                    "is not supported"
-                )
-    elif (config := args.quantization_config) is not None:
-        method = config.get("quant_method")
-        if method != "fp8":
-            problems.append(
-                f"`quantization_config.quant_method` {method!r}: DeepSeek-V4 "
-                "checkpoints are 'fp8' or converted by mlx_lm.convert"
-            )
-        else:
-            block = config.get("weight_block_size", [128, 128])
-            expected = {"fmt": "e4m3", "scale_fmt": "ue8m0"}
-            for field, value in expected.items():
-                if config.get(field, value) != value:
-                    problems.append(
-                        f"`quantization_config.{field}` is "
-                        f"{config[field]!r}, not {value!r}"
-                    )
-            if config.get("expert_dtype", "fp8") not in ("fp4", "fp8"):
-                problems.append(
-                    "`quantization_config.expert_dtype` "
-                    f"{config['expert_dtype']!r} is not 'fp4' or 'fp8'"
-                )
-            if (
-                len(block) != 2
-                or not all(isinstance(b, int) and b > 0 for b in block)
-                or block[1] % 32
-            ):
-                problems.append(
-                    f"`quantization_config.weight_block_size` {block} is not "
-                    "two positive sizes with columns a multiple of 32"
-                )
-    if problems:
-        raise ValueError("Invalid DeepSeek-V4 config:\n  " + "\n  ".join(problems))
-
-
-def _ue8m0(scale: mx.array) -> mx.array:
-    """Power-of-two scales as biased exponents, the scales of MLX's mx modes."""
-    if scale.dtype == mx.uint8:
-        return scale
-    exponent = mx.log2(scale.astype(mx.float32))
-    if not mx.array_equal(exponent, mx.round(exponent)):
-        raise ValueError("its scales are not powers of two")
-    return (exponent + 127).astype(mx.uint8)
-
-
-def _to_mx_format(weight: mx.array, scale: mx.array, block) -> tuple:
-    """Put a DeepSeek fp8 or fp4 weight and its scale in MLX's mxfp8 or mxfp4
-    layout, without dequantizing.
-
-    fp8 (uint8 e4m3) has one scale per block of rows x columns, repeated here
-    to one per row and 32 columns. fp4 (int8, two e2m1 values per byte, the
-    low nibble first) already has one scale per row and 32 columns.
-    """
-    *lead, rows, cols = weight.shape
-    if weight.dtype == mx.int8:
-        cols, block = 2 * cols, (1, 32)
-    grid = (*lead, -(-rows // block[0]), -(-cols // block[1]))
-    if tuple(scale.shape) != grid:
-        raise ValueError(
-            f"its scale has shape {tuple(scale.shape)}, not {grid} for "
-            f"{block[0]}x{block[1]} blocks of a {tuple(weight.shape)} weight"
-        )
-    if cols % 32:
-        raise ValueError(f"its {cols} columns are not a multiple of 32")
-    scale = mx.repeat(_ue8m0(scale), block[0], axis=-2)[..., :rows, :]
-    scale = mx.repeat(scale, block[1] // 32, axis=-1)[..., : cols // 32]
-    return weight.view(mx.uint32), scale
 
 
 class Model(nn.Module):
@@ -1089,7 +876,7 @@ class Model(nn.Module):
 
     @property
     def layers(self):
-        return self.model.layers
+        return self.model.pipeline_layers
 
     def unfreeze(self, **kwargs) -> nn.Module:
         super().unfreeze(**kwargs)
@@ -1098,7 +885,8 @@ class Model(nn.Module):
 
     def make_cache(self) -> List[WindowCompressorCache]:
         caches = []
-        for kind in self.args.layer_types:
+        for layer in self.layers:
+            kind = layer.attn.kind
             ratio = self.args.compress_rates.get(kind)
             caches.append(
                 WindowCompressorCache(
@@ -1152,17 +940,12 @@ class Model(nn.Module):
             layer.ffn.sharding_group = group
 
     def sanitize(self, weights: Dict[str, mx.array]) -> Dict[str, mx.array]:
-        """Map every known checkpoint layout onto this model's names.
-
-        DeepSeek's fp8 and fp4 weights stay packed, as mxfp8 and mxfp4. Raises
-        one error naming every key it cannot map.
-        """
+        """Map every known checkpoint layout onto this model's names, keeping
+        DeepSeek's fp8 and fp4 weights packed (mxfp8 and mxfp4 scales)."""
         args = self.args
-        config = args.quantization_config or {}
-        block = tuple(config.get("weight_block_size", (128, 128)))
-        problems = {}
-        # MLX name -> (checkpoint key, array)
-        clean, parts = {}, {}
+        block = (args.quantization_config or {}).get("weight_block_size", (128, 128))
+        params = tree_flatten(self.parameters(), destination={})
+        clean, parts, problems = {}, {}, {}
         for key, value in weights.items():
             # The MTP block is only used for speculative decoding.
             if _MTP_KEY.search(key):
@@ -1179,75 +962,54 @@ class Model(nn.Module):
             else:
                 clean[name] = (key, value)
                 continue
-            members = parts.setdefault(group, {}).setdefault(kind, {})
-            members[int(index)] = (key, value)
+            kinds = parts.setdefault(group, {})
+            kinds.setdefault(kind, {})[int(index)] = (key, value)
         for (prefix, count), kinds in parts.items():
-            complete = True
+            bad = {}
             for members in kinds.values():
                 missing = sorted(set(range(count)) - set(members))
                 extra = sorted(set(members) - set(range(count)))
                 if missing or extra:
                     key = members[min(members)][0]
-                    problems[key] = f"parts missing {missing}, unexpected {extra}"
-                    complete = False
-            for kind, members in kinds.items() if complete else ():
+                    bad[key] = f"parts missing {missing}, unexpected {extra}"
+            problems.update(bad)
+            for kind, members in () if bad else kinds.items():
                 value = mx.stack([members[i][1] for i in range(count)])
                 clean[f"{prefix}.{kind}"] = (members[0][0], value)
-
-        # fp8 (uint8) and fp4 (int8) weights with one ue8m0 scale per block.
         for name in [n for n in clean if n.endswith(".scale")]:
             prefix = name.removesuffix(".scale")
             key, weight = clean.get(f"{prefix}.weight", (None, None))
-            if weight is None or weight.dtype not in (mx.uint8, mx.int8):
-                continue
-            try:
-                weight, scales = _to_mx_format(weight, clean.pop(name)[1], block)
-            except ValueError as e:
-                problems[key] = str(e)
-                del clean[f"{prefix}.weight"]
-                continue
-            clean[f"{prefix}.weight"] = (key, weight)
-            clean[f"{prefix}.scales"] = (key, scales)
-
-        params = tree_flatten(self.parameters(), destination={})
+            if weight is not None and weight.dtype in (mx.uint8, mx.int8):
+                try:
+                    packed = _repack(weight, clean.pop(name)[1], block)
+                except ValueError as e:
+                    problems[key] = str(e)
+                    continue
+                clean[f"{prefix}.weight"] = (key, packed[0])
+                clean[f"{prefix}.scales"] = (key, packed[1])
         out = {}
         for name, (key, value) in clean.items():
             prefix, _, kind = name.rpartition(".")
-            if (
-                prefix.endswith(".attn.wo_a")
-                and value.ndim == 2
-                and value.shape[0] % args.o_groups == 0
-            ):
+            if kind in ("scales", "biases"):
+                name_in_model = f"{prefix}.weight"
+            else:
+                name_in_model = name
+            if prefix.endswith(".attn.wo_a") and value.ndim == 2:
                 # One 2-D weight holds all the output groups.
                 value = value.reshape(args.o_groups, -1, value.shape[-1])
-            if kind == "tid2eid":
-                value = value.astype(mx.int32)
-            if kind == "weight" and value.dtype in (mx.uint8, mx.int8):
-                problems[key] = f"an fp8 or fp4 weight needs {key[:-6]}scale"
-            elif kind in ("scales", "biases"):
-                if f"{prefix}.weight" not in params:
-                    problems[key] = "no parameter of the model takes it"
-            elif name not in params:
+            if name_in_model not in params:
                 problems[key] = "no parameter of the model takes it"
+            elif kind == "weight" and value.dtype in (mx.uint8, mx.int8):
+                problems[key] = f"an fp8 or fp4 weight needs {key[:-6]}scale"
             elif f"{prefix}.scales" not in clean and value.shape != params[name].shape:
                 shape = tuple(params[name].shape)
                 problems[key] = f"has shape {tuple(value.shape)}, not {shape}"
-            out[name] = value
+            out[name] = value.astype(mx.int32) if kind == "tid2eid" else value
         if problems:
             raise ValueError(
                 f"Cannot load {len(problems)} DeepSeek-V4 checkpoint keys:\n"
                 + "\n".join(f"  {k}: {why}" for k, why in sorted(problems.items()))
             )
-        if args.quantization is None:
-            # No MLX quantization config names the layers that DeepSeek ships
-            # packed (and convert keeps packed), so their scales do.
-            def packed(path, module):
-                scales = out.get(f"{path}.scales")
-                if scales is None or not hasattr(module, "to_quantized"):
-                    return False
-                return infer_quant_config(path, module, out)
-
-            nn.quantize(self, class_predicate=packed)
         return out
 
     @property
