@@ -12,7 +12,12 @@ from mlx.nn.layers.distributed import shard_inplace, shard_linear, sum_gradients
 from mlx.utils import tree_flatten
 
 from .base import BaseModelArgs
-from .cache import CompressorCache, SharedWindowCache, WindowCompressorCache
+from .cache import (
+    CompressorCache,
+    SharedWindowCache,
+    WindowCompressorCache,
+    WindowRows,
+)
 from .deepseek_v41 import (
     DeepseekV41SwiGLU,
     HyperConnection,
@@ -257,126 +262,6 @@ def _rope(x, freqs, offset, scale=1.0):
     )
 
 
-def _memoize(method):
-    def wrapper(self, arg):
-        key = (method.__name__, arg)
-        if key not in self._memo:
-            self._memo[key] = method(self, arg)
-        return self._memo[key]
-
-    return wrapper
-
-
-class Rows:
-    """Where each batch row's tokens of one forward sit: tokens
-    ``starts[b]:ends[b]`` of row b are real (the others padding), the first
-    at position ``offsets[b]``. Lists on the host, arrays for the masks."""
-
-    def __init__(self, offsets, starts, ends, length):
-        self.offsets, self.starts, self.ends = offsets, starts, ends
-        self.counts = [e - s for s, e in zip(starts, ends)]
-        self.length = length
-        j = mx.arange(length)
-        self.offset = mx.array(offsets)[:, None]
-        self.start = mx.array(starts)[:, None]
-        self.end = mx.array(ends)[:, None]
-        # The rope offset of each row and each token's position [B, L].
-        self.shift = mx.array([o - s for o, s in zip(offsets, starts)])
-        self.pos = self.shift[:, None] + j
-        self.real = (j >= self.start) & (j < self.end)
-        self._j = j
-        self._memo = {}
-
-    # The layers share these, so each is built once per forward.
-    @_memoize
-    def slots(self, size):
-        """The slot of each token in a buffer of the last ``size`` positions,
-        ``size`` (no slot) for padding and tokens the buffer will not keep."""
-        keep = self.real & (self._j >= self.end - size)
-        return mx.where(keep, self.pos % size, size)
-
-    def _fetched(self, pos, capacity):
-        """Where position ``pos`` [B, ...] sits in the keys of
-        ``SharedWindowCache.update_and_fetch``: ``capacity`` slots, one more,
-        then the new rows."""
-        shape = (-1,) + (1,) * (pos.ndim - 1)
-        offset, start = self.offset.reshape(shape), self.start.reshape(shape)
-        index = mx.where(
-            pos >= offset, capacity + 1 + pos - offset + start, pos % capacity
-        )
-        return mx.minimum(index, capacity + self.length)
-
-    @_memoize
-    def window_mask(self, sizes):
-        """Which keys of ``SharedWindowCache.update_and_fetch`` each query of
-        a sliding ``window`` sees [B, L, capacity + 1 + L]."""
-        window, capacity = sizes
-        s = mx.arange(capacity + 1)
-        # Slot s holds the last position before the new tokens that is s mod
-        # capacity; the extra slot nothing.
-        kept = s + capacity * ((self.offset - 1 - s) // capacity)
-        kept = mx.where(s < capacity, kept, -1)
-        keys = mx.concatenate([kept, mx.where(self.real, self.pos, -1)], axis=1)
-        keys, q = keys[:, None], self.pos[..., None]
-        return (keys >= 0) & (keys <= q) & (keys > q - window)
-
-    @_memoize
-    def window_rows(self, sizes):
-        """For each query, the indices of its window's keys in the keys of
-        ``update_and_fetch`` [B, L, window], and which of them exist."""
-        window, capacity = sizes
-        pos = self.pos[..., None] - window + 1 + mx.arange(window)
-        return self._fetched(pos, capacity), pos >= 0
-
-    @_memoize
-    def bands(self, sizes):
-        """For the queries in blocks of ``block``: the indices of the keys
-        each block's window spans in the keys of ``update_and_fetch``
-        [B, N, block + window - 1], and which of them each query sees
-        [B, N, block, block + window - 1]."""
-        window, capacity, block = sizes
-        blocks = -(-self.length // block)
-        first = self.shift[:, None, None] + block * mx.arange(blocks)[:, None]
-        pos = first - window + 1 + mx.arange(block + window - 1)
-        q = (first + mx.arange(block))[..., None]
-        k = pos[:, :, None]
-        return self._fetched(pos, capacity), (k >= 0) & (k <= q) & (k > q - window)
-
-    @_memoize
-    def entries(self, ratio):
-        """How many entries of each ratio the rows have after the forward
-        (the most of any row), and how many each query sees [B, L]."""
-        n = max((o + c) // ratio for o, c in zip(self.offsets, self.counts))
-        return n, (self.pos + 1) // ratio
-
-    @_memoize
-    def windows(self, sizes):
-        """For a compressor of ``ratio`` rows per entry that keeps ``span``
-        rows: the first window each row closes in this forward, how many
-        windows the row closing most closes, and the rows of those windows
-        (``before`` windows more before them) as positions [B, N] and indices
-        into the buffer followed by the new rows [B, N, 1]."""
-        ratio, span, before = sizes
-        first = [o // ratio for o in self.offsets]
-        closed = max(
-            (o + c) // ratio - f for o, c, f in zip(self.offsets, self.counts, first)
-        )
-        if closed == 0:
-            return first, 0, None, None
-        pos = (mx.array(first)[:, None] - before) * ratio + mx.arange(
-            (closed + before) * ratio
-        )
-        idx = mx.where(
-            pos < self.offset,
-            mx.where(pos < 0, span, pos % span),
-            span + 1 + pos - self.offset + self.start,
-        )
-        # A row that closes fewer windows pools garbage into slots it has not
-        # reached; they are masked until it overwrites them.
-        idx = mx.minimum(idx, span + self.length)[..., None]
-        return first, closed, pos, idx
-
-
 @partial(mx.compile, shapeless=True)
 def _rms_norm(x, weight, eps):
     return mx.fast.rms_norm(x, weight, eps)
@@ -402,7 +287,7 @@ class Compressor(nn.Module):
         self._freqs = _rope_freqs(args, True, head_dim)
 
     def __call__(
-        self, x: mx.array, cache: CompressorCache, rows: Rows
+        self, x: mx.array, cache: CompressorCache, rows: WindowRows
     ) -> Optional[mx.array]:
         """Pool each window of ratio rows that x closes into one entry; return
         the pool (entry w of a row in its slot w), or None."""
@@ -467,7 +352,7 @@ class Indexer(nn.Module):
         self._freqs = _rope_freqs(args, True, self.head_dim)
 
     def __call__(
-        self, x: mx.array, qr: mx.array, cache: CompressorCache, rows: Rows
+        self, x: mx.array, qr: mx.array, cache: CompressorCache, rows: WindowRows
     ) -> Optional[mx.array]:
         """The entries each query attends to [B, L, k], or None where every
         visible entry is picked."""
@@ -549,7 +434,7 @@ class Attention(nn.Module):
             self.indexer = Indexer(args, ratio)
 
     def __call__(
-        self, x: mx.array, cache: WindowCompressorCache, rows: Rows
+        self, x: mx.array, cache: WindowCompressorCache, rows: WindowRows
     ) -> mx.array:
         batch, length, _ = x.shape
         qr = self.q_norm(self.wq_a(x))
@@ -655,7 +540,7 @@ class Attention(nn.Module):
             out.append(weights @ keys)
         return mx.concatenate(out, axis=1).swapaxes(1, 2)
 
-    def _output(self, out: mx.array, rows: Rows) -> mx.array:
+    def _output(self, out: mx.array, rows: WindowRows) -> mx.array:
         batch, _, length, _ = out.shape
         # Undo the keys' rotation at the query position.
         out = _rope(out, self._inverse_freqs, rows.shift).swapaxes(1, 2)
@@ -773,7 +658,7 @@ class DecoderLayer(nn.Module):
         h: mx.array,
         input_ids: mx.array,
         cache: WindowCompressorCache,
-        rows: Rows,
+        rows: WindowRows,
     ) -> mx.array:
         x, post, comb = self.attn_hc.collapse(h)
         x = self.attn(self.attn_norm(x), cache, rows)
@@ -818,8 +703,9 @@ class DeepseekV4Model(PipelineMixin, nn.Module):
         h = self.embed_tokens(inputs)
         batch, length, dims = h.shape
         h = mx.broadcast_to(h[:, :, None], (batch, length, self.hc_mult, dims))
-        positions = [c.positions(batch, length) for c in cache]
-        rows = Rows(*positions[0], length)
+        # Every cache advances; they hold the same rows, so one's geometry
+        # serves all layers.
+        rows = [c.positions(batch, length) for c in cache][0]
         rank, size = self.pipeline_rank, self.pipeline_size
         if rank < size - 1:
             h = mx.distributed.recv_like(h, rank + 1)
