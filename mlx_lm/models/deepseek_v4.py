@@ -207,9 +207,11 @@ def _number_problems(args: ModelArgs) -> List[str]:
         ):
             continue
         low = 0 if f.name in _MAY_BE_ZERO else 1
-        if not isinstance(value, (int, float)) or isinstance(value, bool):
-            problems.append(f"`{f.name}` {value!r} is not a number")
-        elif f.type in (int, Optional[int]) and value < low:
+        integer = f.type in (int, Optional[int])
+        if not isinstance(value, int if integer else (int, float)):
+            what = "an integer" if integer else "a number"
+            problems.append(f"`{f.name}` {value!r} is not {what}")
+        elif integer and value < low:
             problems.append(f"`{f.name}` {value} must be {low} or more")
         elif f.type in (float, Optional[float]) and not (
             value >= low if low == 0 else 0 < value < math.inf
