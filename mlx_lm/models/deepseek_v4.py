@@ -250,7 +250,6 @@ def _rope_freqs(args: ModelArgs, compressed: bool, dims: int) -> mx.array:
     return mx.concatenate([mx.full((dims // 2 - freqs.size,), mx.inf), freqs])
 
 
-@mx.compile
 def _rope(x, freqs, offset, scale=1.0):
     """Rotate x [..., L, D] from positions ``offset`` ([B]) on."""
     return mx.fast.rope(
@@ -262,6 +261,11 @@ def _rope(x, freqs, offset, scale=1.0):
         offset=offset,
         freqs=freqs,
     )
+
+
+# Helpers with shape arithmetic compile for decode steps only: their shapes
+# repeat, while each new prompt length would keep a compiled trace.
+_rope_step = mx.compile(_rope)
 
 
 @partial(mx.compile, shapeless=True)
@@ -299,7 +303,8 @@ class Compressor(nn.Module):
         buffers = cache.update_rows(kv, gate, rows.slots(span), fetch=closed > 0)
         if closed == 0:
             return cache.pool
-        entries = _pool(
+        pool = _pool_step if x.shape[1] == 1 else _pool
+        entries = pool(
             *buffers,
             idx,
             pos,
@@ -314,7 +319,6 @@ class Compressor(nn.Module):
         return cache.update_pool(entries.astype(x.dtype), first)
 
 
-@mx.compile
 def _pool(
     buf_kv, buf_gate, idx, pos, ape, norm_weight, freqs, first, ratio, overlap, eps
 ):
@@ -337,6 +341,9 @@ def _pool(
     entries = mx.fast.rms_norm(entries, norm_weight, eps)
     # An entry sits at the position of its window's first row.
     return _rope(entries, freqs, first, float(ratio))
+
+
+_pool_step = mx.compile(_pool)
 
 
 class Indexer(nn.Module):
@@ -364,7 +371,8 @@ class Indexer(nn.Module):
             return None
         batch, length, _ = x.shape
         q = self.wq_b(qr).reshape(batch, length, self.n_heads, self.head_dim)
-        q = _rope(q.transpose(0, 2, 1, 3), self._freqs, rows.shift)
+        rope = _rope_step if length == 1 else _rope
+        q = rope(q.transpose(0, 2, 1, 3), self._freqs, rows.shift)
         # In the keys' dtype, heads next to the entries [B, L, heads, n]: a
         # float32 copy of the whole pool per step costs more than it gains
         # (DeepSeek's code even rounds these to fp4). A prompt's queries go
@@ -442,8 +450,9 @@ class Attention(nn.Module):
         qr = self.q_norm(self.wq_a(x))
         q = self.wq_b(qr).reshape(batch, length, self.n_heads, self.head_dim)
         q = mx.fast.rms_norm(q, None, self.eps).transpose(0, 2, 1, 3)
-        q = _rope(q, self._freqs, rows.shift)
-        kv = _rope(self.kv_norm(self.wkv(x)), self._freqs, rows.shift)
+        rope = _rope_step if length == 1 else _rope
+        q = rope(q, self._freqs, rows.shift)
+        kv = rope(self.kv_norm(self.wkv(x)), self._freqs, rows.shift)
 
         # One attention over the keys of the window and the compressed keys,
         # each query masked to what it sees, with the sink in the softmax:
@@ -545,7 +554,8 @@ class Attention(nn.Module):
     def _output(self, out: mx.array, rows: WindowRows) -> mx.array:
         batch, _, length, _ = out.shape
         # Undo the keys' rotation at the query position.
-        out = _rope(out, self._inverse_freqs, rows.shift).swapaxes(1, 2)
+        rope = _rope_step if length == 1 else _rope
+        out = rope(out, self._inverse_freqs, rows.shift).swapaxes(1, 2)
         # Each group of heads has its own projection: [B, groups, L, dims].
         out = out.reshape(batch, length, self.o_groups, -1).swapaxes(1, 2)
         # Plain weights as one batched matmul: gather_mm of whole groups
@@ -589,10 +599,10 @@ class Gate(nn.Module):
     def __call__(self, x: mx.array, input_ids: mx.array):
         hashed = "tid2eid" in self
         choice = self.tid2eid[input_ids] if hashed else self.e_score_correction_bias
-        return _route(x, self.weight, choice, self.top_k, self.scale, hashed)
+        route = _route_step if x.shape[1] == 1 else _route
+        return route(x, self.weight, choice, self.top_k, self.scale, hashed)
 
 
-@mx.compile
 def _route(x, weight, choice, top_k, scale, hashed):
     logits = x.astype(mx.float32) @ weight.astype(mx.float32).T
     scores = mx.sqrt(nn.softplus(logits))
@@ -606,6 +616,9 @@ def _route(x, weight, choice, top_k, scale, hashed):
     weights = mx.take_along_axis(scores, inds, axis=-1)
     weights = weights / (mx.sum(weights, axis=-1, keepdims=True) + 1e-20)
     return inds, weights * scale
+
+
+_route_step = mx.compile(_route)
 
 
 def _freeze_hash_tables(module: nn.Module) -> None:
