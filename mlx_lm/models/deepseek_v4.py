@@ -297,22 +297,18 @@ class Compressor(nn.Module):
     ) -> Optional[mx.array]:
         """Pool each window of ratio rows that x closes into one entry; return
         the pool (entry w of a row in its slot w), or None."""
-        kv, gate = self.wkv(x), self.wgate(x)
-        ratio, span, before = self.ratio, cache.span, int(self.overlap)
-        first, closed, pos, idx = rows.windows((ratio, span, before))
-        buffers = cache.update_rows(kv, gate, rows.slots(span), fetch=closed > 0)
-        if closed == 0:
+        windows = cache.update_and_fetch(self.wkv(x), self.wgate(x), rows)
+        if windows is None:
             return cache.pool
+        *windows, first = windows
         pool = _pool_step if x.shape[1] == 1 else _pool
         entries = pool(
-            *buffers,
-            idx,
-            pos,
+            *windows,
             self.ape,
             self.norm.weight,
             self._freqs,
             mx.array(first),
-            ratio,
+            self.ratio,
             self.overlap,
             self.norm.eps,
         )
@@ -458,7 +454,7 @@ class Attention(nn.Module):
         # each query masked to what it sees, with the sink in the softmax:
         # the whole visible HCA pool, or a CSA query's top-k entries.
         sizes = self.window, cache.window.capacity
-        window = cache.window.update_and_fetch(kv, rows.slots(sizes[1]))
+        window = cache.update_and_fetch(kv, rows)
         pool = visible = chosen = None
         if self.kind != SLIDING:
             pool = self.compressor(x, cache.compressor, rows)
@@ -718,9 +714,8 @@ class DeepseekV4Model(PipelineMixin, nn.Module):
         h = self.embed_tokens(inputs)
         batch, length, dims = h.shape
         h = mx.broadcast_to(h[:, :, None], (batch, length, self.hc_mult, dims))
-        # Every cache advances; they hold the same rows, so one's geometry
-        # serves all layers.
-        rows = [c.positions(batch, length) for c in cache][0]
+        # Every layer's cache holds the same rows.
+        rows = cache[0].make_mask(length, batch)
         rank, size = self.pipeline_rank, self.pipeline_size
         if rank < size - 1:
             h = mx.distributed.recv_like(h, rank + 1)
