@@ -21,6 +21,7 @@ from .cache import (
 from .deepseek_v41 import (
     DeepseekV41SwiGLU,
     HyperConnection,
+    Router,
     SharedMLP,
     _collapse,
     _repack,
@@ -66,6 +67,8 @@ class ModelArgs(BaseModelArgs):
     num_experts_per_tok: int = 6
     scoring_func: str = "sqrtsoftplus"
     routed_scaling_factor: float = 1.5
+    norm_topk_prob: bool = True
+    gate_temp: float = 1.0
     swiglu_limit: float = 10.0
     hc_mult: int = 4
     hc_sinkhorn_iters: int = 20
@@ -577,57 +580,17 @@ def _sink_softmax(scores, mask, sinks):
     return (weights / total).astype(scores.dtype)
 
 
-class Gate(nn.Module):
-    def __init__(self, args: ModelArgs, hashed: bool):
-        super().__init__()
-        self.top_k = args.num_experts_per_tok
-        self.scale = args.routed_scaling_factor
-        self.weight = mx.zeros((args.n_routed_experts, args.hidden_size))
-        if hashed:
-            # Hash layers pick experts by token id.
-            self.tid2eid = mx.zeros((args.vocab_size, self.top_k), dtype=mx.int32)
-            self.freeze(recurse=False, keys="tid2eid")
-        else:
-            self.e_score_correction_bias = mx.zeros(
-                (args.n_routed_experts,), dtype=mx.float32
-            )
-
-    def __call__(self, x: mx.array, input_ids: mx.array):
-        hashed = "tid2eid" in self
-        choice = self.tid2eid[input_ids] if hashed else self.e_score_correction_bias
-        route = _route_step if x.shape[1] == 1 else _route
-        return route(x, self.weight, choice, self.top_k, self.scale, hashed)
-
-
-def _route(x, weight, choice, top_k, scale, hashed):
-    logits = x.astype(mx.float32) @ weight.astype(mx.float32).T
-    scores = mx.sqrt(nn.softplus(logits))
-    if hashed:
-        inds = choice
-    else:
-        # The bias only selects the experts.
-        inds = mx.argpartition(-(scores + choice), top_k - 1, axis=-1)[..., :top_k]
-    # Compiled, every input would get a gradient: indices have none.
-    inds = mx.stop_gradient(inds)
-    weights = mx.take_along_axis(scores, inds, axis=-1)
-    weights = weights / (mx.sum(weights, axis=-1, keepdims=True) + 1e-20)
-    return inds, weights * scale
-
-
-_route_step = mx.compile(_route)
-
-
 def _freeze_hash_tables(module: nn.Module) -> None:
     # The hash layers' expert tables are integer lookups, never trained.
     for m in module.modules():
-        if isinstance(m, Gate) and "tid2eid" in m:
+        if isinstance(m, Router) and "tid2eid" in m:
             m.freeze(recurse=False, keys="tid2eid")
 
 
 class MoE(nn.Module):
     def __init__(self, args: ModelArgs, hashed: bool):
         super().__init__()
-        self.gate = Gate(args, hashed)
+        self.gate = Router(args, hashed)
         self.switch_mlp = SwitchGLU(
             args.hidden_size,
             args.moe_intermediate_size,
