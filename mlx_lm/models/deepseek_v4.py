@@ -456,73 +456,69 @@ class Attention(nn.Module):
         # One attention over the keys of the window and the compressed keys,
         # each query masked to what it sees, with the sink in the softmax:
         # the whole visible HCA pool, or a CSA query's top-k entries.
-        sizes = self.window, cache.window.capacity
         window = cache.update_and_fetch(kv, rows)
-        pool = visible = chosen = None
+        pool = seen = chosen = None
         if self.kind != SLIDING:
-            pool = self.compressor(x, cache.compressor, rows)
+            entries = self.compressor(x, cache.compressor, rows)
             n, visible = rows.entries(self.compressor.ratio)
             if self.kind == CSA:
                 chosen = self.indexer(x, qr, cache.indexer, rows)
-            if chosen is None:
-                pool = pool[:, :n] if n > 0 else None
-        if chosen is not None and length > 1:
-            out = self._sparse(q, window, pool, chosen, visible, rows)
-        elif length > _QUERY_BLOCK:
-            out = self._banded(q, window, pool, visible, rows)
-        else:
-            keys, mask = [window], [rows.window_mask(sizes)]
             if chosen is not None:
-                keys.append(mx.take_along_axis(pool, chosen[:, 0, :, None], 1))
-                mask.append(chosen < visible[..., None])
-            elif pool is not None:
-                keys.append(pool)
-                mask.append(mx.arange(pool.shape[1]) < visible[..., None])
-            keys = mx.concatenate(keys, axis=1)[:, None]
-            mask = mx.concatenate(mask, axis=-1)[:, None]
-            out = mx.fast.scaled_dot_product_attention(
-                q,
-                keys,
-                keys,
-                scale=self.scale,
-                mask=mask,
-                sinks=self.attn_sink.astype(q.dtype),
-            )
+                pool, seen = entries, chosen < visible[..., None]
+            elif n > 0:
+                pool, seen = entries[:, :n], mx.arange(n) < visible[..., None]
+        if chosen is not None and length > 1:
+            out = self._sparse(q, window, pool, chosen, seen, rows)
+        else:
+            if chosen is not None:
+                # One query: its entries are the keys of all its heads.
+                pool = mx.take_along_axis(pool, chosen[:, 0, :, None], axis=1)
+            out = self._dense(q, window, pool, seen, rows)
         return self._output(out, rows)
 
-    def _banded(self, q, window, pool, visible, rows):
-        """Attention of a prompt's queries in blocks of ``_QUERY_BLOCK``, each
-        block over the window keys it spans (and the visible pool), not over
+    def _dense(self, q, window, pool, seen, rows):
+        """Attention of queries that share their keys: the window rows and
+        the pool entries ``seen`` [B, L, n]. A prompt's queries go in blocks
+        of ``_QUERY_BLOCK``, each over the window rows it spans, not over
         every key of the chunk."""
         batch, heads, length, dims = q.shape
-        block = _QUERY_BLOCK
-        capacity = window.shape[1] - 1 - length
-        index, mask = rows.bands((self.window, capacity, block))
-        blocks = index.shape[1]
-        keys = mx.take_along_axis(window[:, None], index[..., None], axis=2)
-        if pool is not None:
-            n = pool.shape[1]
-            shape = (batch, blocks, n, dims)
-            keys = mx.concatenate([keys, mx.broadcast_to(pool[:, None], shape)], 2)
+        sizes = self.window, window.shape[1] - 1 - length
+        blocks = -(-length // _QUERY_BLOCK)
+        if blocks == 1:
+            keys, mask = window, rows.window_mask(sizes)
+            if pool is not None:
+                keys = mx.concatenate([keys, pool], axis=1)
+                mask = mx.concatenate([mask, seen], axis=-1)
+            keys, mask = keys[:, None], mask[:, None]
+        else:
+            block = _QUERY_BLOCK
             pad = blocks * block - length
-            seen = mx.pad(visible, [(0, 0), (0, pad)]).reshape(batch, blocks, block)
-            seen = mx.arange(n) < seen[..., None]
-            mask = mx.concatenate([mask, seen], axis=-1)
-        q = mx.pad(q, [(0, 0), (0, 0), (0, blocks * block - length), (0, 0)])
-        q = q.reshape(batch, heads, blocks, block, dims).swapaxes(1, 2)
-        keys = keys.reshape(batch * blocks, 1, -1, dims)
+            index, mask = rows.bands((*sizes, block))
+            keys = mx.take_along_axis(window[:, None], index[..., None], axis=2)
+            if pool is not None:
+                shape = (batch, blocks, pool.shape[1], dims)
+                keys = mx.concatenate([keys, mx.broadcast_to(pool[:, None], shape)], 2)
+                seen = mx.pad(seen, [(0, 0), (0, pad), (0, 0)])
+                mask = mx.concatenate([mask, seen.reshape(*shape[:2], block, -1)], -1)
+            q = mx.pad(q, [(0, 0), (0, 0), (0, pad), (0, 0)])
+            q = q.reshape(batch, heads, blocks, block, dims).swapaxes(1, 2)
+            q = q.reshape(batch * blocks, heads, block, dims)
+            keys = keys.reshape(batch * blocks, 1, -1, dims)
+            mask = mask.reshape(batch * blocks, 1, block, -1)
         out = mx.fast.scaled_dot_product_attention(
-            q.reshape(batch * blocks, heads, block, dims),
+            q,
             keys,
             keys,
             scale=self.scale,
-            mask=mask.reshape(batch * blocks, 1, block, -1),
+            mask=mask,
             sinks=self.attn_sink.astype(q.dtype),
         )
-        out = out.reshape(batch, blocks, heads, block, dims).swapaxes(1, 2)
-        return out.reshape(batch, heads, -1, dims)[:, :, :length]
+        if blocks > 1:
+            out = out.reshape(batch, blocks, heads, -1, dims).swapaxes(1, 2)
+            out = out.reshape(batch, heads, -1, dims)[:, :, :length]
+        return out
 
-    def _sparse(self, q, window, pool, chosen, visible, rows):
+    def _sparse(self, q, window, pool, chosen, seen, rows):
         """Attention of queries that each attend to their own window rows and
         top-k entries (the rows gathered in the model's dtype, for a block
         of queries at a time); the heads of a token are the queries of its
@@ -531,7 +527,6 @@ class Attention(nn.Module):
         # The buffer keeps ``capacity`` slots and one more before the rows.
         capacity = window.shape[1] - 1 - length
         index, valid = rows.window_rows((self.window, capacity))
-        seen = chosen < visible[..., None]
         q = (q * self.scale).swapaxes(1, 2)
         window, pool = window[:, None], pool[:, None]
         out = []
