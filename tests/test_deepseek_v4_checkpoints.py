@@ -290,8 +290,8 @@ class TestScaleLayout(unittest.TestCase):
         weight = mx.random.randint(0, 120, (200, 320)).astype(mx.uint8)
         exponents = mx.random.randint(120, 130, (2, 3)).astype(mx.uint8)
         scales = mx.power(2.0, exponents.astype(mx.float32) - 127)
-        packed, expected = deepseek_v4._to_mx_format(weight, exponents, (128, 128))
-        _, got = deepseek_v4._to_mx_format(weight, scales, (128, 128))
+        packed, expected = deepseek_v4._repack(weight, exponents, (128, 128))
+        _, got = deepseek_v4._repack(weight, scales, (128, 128))
         self.assertTrue(mx.array_equal(got, expected))
         self.assertEqual(packed.shape, (200, 80))
         # One scale per row and 32 columns, from the block that holds them.
@@ -300,9 +300,9 @@ class TestScaleLayout(unittest.TestCase):
         self.assertEqual(expected[127, 9].item(), exponents[0, 2].item())
 
         with self.assertRaisesRegex(ValueError, "powers of two"):
-            deepseek_v4._to_mx_format(weight, scales * 1.5, (128, 128))
+            deepseek_v4._repack(weight, scales * 1.5, (128, 128))
         with self.assertRaisesRegex(ValueError, r"\(2, 2\)"):
-            deepseek_v4._to_mx_format(weight, exponents[:, :2], (128, 128))
+            deepseek_v4._repack(weight, exponents[:, :2], (128, 128))
 
 
 class TestReleasedFormat(unittest.TestCase):

@@ -117,7 +117,13 @@ class TestForkAssembly(unittest.TestCase):
         prs = fork.closure(fork.series(), ["server-models"])
         self.assertEqual(
             [p.name for p in prs],
-            ["deepseek-v4", "chat-encoder", "server-requests", "server-models"],
+            [
+                "config-checks",
+                "deepseek-v4",
+                "chat-encoder",
+                "server-requests",
+                "server-models",
+            ],
         )
         staged = self.staged_with(["server-models"])
         server = "mlx_lm/server.py"
@@ -223,7 +229,7 @@ class TestForkAssembly(unittest.TestCase):
 
             self.assertEqual(
                 fork.sync_patches(),
-                ["wrote patches/load-errors/mlx_lm/models/base.py.patch"],
+                ["wrote patches/config-checks/mlx_lm/models/base.py.patch"],
             )
             self.assertEqual(fork._pending_edits(), [])
             self.assertEqual(fork.sync_patches(), [])
@@ -248,7 +254,7 @@ class TestForkAssembly(unittest.TestCase):
             edited.write_text((self.upstream / rel).read_text())
             self.assertEqual(
                 fork.sync_patches(),
-                ["removed patches/load-errors/mlx_lm/models/base.py.patch"],
+                ["removed patches/config-checks/mlx_lm/models/base.py.patch"],
             )
 
     def test_edit_of_an_upstream_test_becomes_a_tests_patch(self):

@@ -3,8 +3,7 @@
 import math
 import re
 from dataclasses import dataclass, fields
-from functools import lru_cache, partial
-from types import SimpleNamespace
+from functools import partial
 from typing import Any, Callable, Dict, List, Optional
 
 import mlx.core as mx
@@ -12,18 +11,28 @@ import mlx.nn as nn
 from mlx.nn.layers.distributed import shard_inplace, shard_linear, sum_gradients
 from mlx.utils import tree_flatten
 
-from ..utils import infer_quant_config
-from . import deepseek_v41
 from .base import BaseModelArgs
-from .cache import CompressorCache, SharedWindowCache, WindowCompressorCache
-from .deepseek_v41 import DeepseekV41SwiGLU, SharedMLP, _collapse, _expand
-from .rope_utils import YarnRoPE
+from .cache import (
+    CompressorCache,
+    SharedWindowCache,
+    WindowCompressorCache,
+    WindowRows,
+)
+from .deepseek_v41 import (
+    DeepseekV41SwiGLU,
+    HyperConnection,
+    Router,
+    SharedMLP,
+    _collapse,
+    _repack,
+    make_rope,
+)
+from .pipeline import PipelineMixin
 from .switch_layers import SwitchGLU, SwitchLinear
 
 SLIDING = "sliding_attention"
 CSA = "compressed_sparse_attention"
 HCA = "heavily_compressed_attention"
-_MLP_TYPES = ("hash_moe", "moe")
 # A prompt's queries attend in blocks of this many, each block to the keys
 # its window spans.
 _QUERY_BLOCK = 128
@@ -58,6 +67,8 @@ class ModelArgs(BaseModelArgs):
     num_experts_per_tok: int = 6
     scoring_func: str = "sqrtsoftplus"
     routed_scaling_factor: float = 1.5
+    norm_topk_prob: bool = True
+    gate_temp: float = 1.0
     swiglu_limit: float = 10.0
     hc_mult: int = 4
     hc_sinkhorn_iters: int = 20
@@ -83,44 +94,38 @@ class ModelArgs(BaseModelArgs):
     quantization_config: Optional[Dict[str, Any]] = None
 
     def __post_init__(self):
-        _check_numbers(self)
-        _check_quantization(self)
+        problems = _number_problems(self)
+        if problems:
+            raise ValueError("Invalid DeepSeek-V4 config:\n  " + "\n  ".join(problems))
         n = self.num_hidden_layers
         rates = {CSA: 4, HCA: 128}
         if self.compress_ratios is not None:
-            # DeepSeek's code overlaps (and indexes) ratio 4 only; any other
-            # ratio is heavily compressed. The list may end with the MTP layer.
+            # DeepSeek's list may end with the MTP layer's ratio; ratio 4 is
+            # overlapped and indexed, any other heavily compressed.
             ratios = list(self.compress_ratios)[:n]
-            if len(ratios) < n or any(
-                not isinstance(r, int) or isinstance(r, bool) or r < 0 for r in ratios
+            hca = {r for r in ratios if isinstance(r, int) and r not in (0, 4)}
+            if (
+                len(ratios) < n
+                or len(hca) > 1
+                or any(not isinstance(r, int) or r < 0 for r in ratios)
             ):
                 raise ValueError(
-                    f"`compress_ratios` needs {n} integer ratios of 0 or more, "
-                    f"not {self.compress_ratios}."
+                    f"`compress_ratios` needs {n} integer ratios of 0 or more "
+                    f"and at most one HCA ratio, not {self.compress_ratios}."
                 )
-            hca = {r for r in ratios if r and r != 4}
-            if len(hca) > 1:
-                raise ValueError(
-                    f"`compress_ratios` has several HCA ratios {sorted(hca)}."
-                )
-            ratio_rates = {CSA: 4, HCA: hca.pop() if hca else rates[HCA]}
             ratio_types = [SLIDING if not r else CSA if r == 4 else HCA for r in ratios]
-        if self.layer_types is None:
-            if self.compress_ratios is None:
-                raise ValueError(
-                    "The config needs `layer_types` or `compress_ratios` for "
-                    "DeepSeek-V4."
-                )
-            rates, self.layer_types = ratio_rates, ratio_types
-        else:
-            rates.update(self.compress_rates or {})
+            if self.layer_types is None:
+                self.layer_types = ratio_types
+                rates[HCA] = hca.pop() if hca else rates[HCA]
+        elif self.layer_types is None:
+            raise ValueError("DeepSeek-V4 needs `layer_types` or `compress_ratios`.")
+        rates.update(self.compress_rates or {})
         if set(rates) != {CSA, HCA} or any(
-            not isinstance(r, int) or isinstance(r, bool) or r < 1
-            for r in rates.values()
+            not isinstance(r, int) or r < 1 for r in rates.values()
         ):
             raise ValueError(
-                f"`compress_rates` needs positive integer rates for {CSA} and "
-                f"{HCA}, not {self.compress_rates}."
+                f"`compress_rates` needs positive rates for {CSA} and {HCA}, not "
+                f"{self.compress_rates}."
             )
         self.compress_rates = rates
         if self.mlp_layer_types is None:
@@ -128,7 +133,7 @@ class ModelArgs(BaseModelArgs):
             self.mlp_layer_types = ["hash_moe"] * hashed + ["moe"] * (n - hashed)
         for name, allowed in (
             ("layer_types", (SLIDING, CSA, HCA)),
-            ("mlp_layer_types", _MLP_TYPES),
+            ("mlp_layer_types", ("hash_moe", "moe")),
         ):
             types = list(getattr(self, name))[:n]
             if len(types) != n or any(t not in allowed for t in types):
@@ -137,29 +142,23 @@ class ModelArgs(BaseModelArgs):
                     f"{getattr(self, name)}."
                 )
             setattr(self, name, types)
-        if self.compress_ratios is not None:
-            # Both schemas given: they must describe the same layers.
-            for i, (kind, r) in enumerate(zip(self.layer_types, ratios)):
-                rate = 0 if kind == SLIDING else rates[kind]
-                if kind != ratio_types[i] or rate != r:
-                    raise ValueError(
-                        f"`compress_ratios` and `layer_types` disagree on layer "
-                        f"{i}: ratio {r} is {ratio_types[i]}, but `layer_types` "
-                        f"says {kind} (rate {rate}, from `compress_rates`)."
-                    )
-        if self.scoring_func != "sqrtsoftplus":
-            raise ValueError(
-                f"`scoring_func` {self.scoring_func!r} is not supported: "
-                "DeepSeek-V4 routes with 'sqrtsoftplus'."
-            )
-        if self.num_key_value_heads != 1:
-            raise ValueError(
-                "`num_key_value_heads` must be 1: DeepSeek-V4 shares one KV head."
-            )
+        for i, kind in enumerate(self.layer_types if self.compress_ratios else ()):
+            rate = 0 if kind == SLIDING else rates[kind]
+            if kind != ratio_types[i] or rate != ratios[i]:
+                raise ValueError(
+                    f"`compress_ratios` and `layer_types` disagree on layer {i}: "
+                    f"ratio {ratios[i]} is {ratio_types[i]}, but `layer_types` "
+                    f"says {kind} (rate {rate}, from `compress_rates`)."
+                )
         if self.qk_rope_head_dim is None:
             factor = self.partial_rotary_factor or 64 / 512
             self.qk_rope_head_dim = int(self.head_dim * factor)
         for problem, message in (
+            (
+                self.scoring_func != "sqrtsoftplus",
+                "`scoring_func` must be 'sqrtsoftplus'",
+            ),
+            (self.num_key_value_heads != 1, "`num_key_value_heads` must be 1"),
             (
                 self.qk_rope_head_dim > self.head_dim or self.qk_rope_head_dim % 2,
                 f"`qk_rope_head_dim` {self.qk_rope_head_dim} must be even and at "
@@ -175,6 +174,7 @@ class ModelArgs(BaseModelArgs):
                 f"`o_groups` {self.o_groups} does not divide "
                 f"`num_attention_heads` {self.num_attention_heads}",
             ),
+            *_fp8_problems(self.quantization_config if not self.quantization else {}),
         ):
             if problem:
                 raise ValueError(f"Invalid DeepSeek-V4 config: {message}.")
@@ -191,238 +191,95 @@ class ModelArgs(BaseModelArgs):
         self.rope_scaling = scaling
 
 
-# The smallest value of the number fields that may be below 1 (any other
-# integer is at least 1, any other float above 0).
-_MINIMUMS = {
-    "qk_rope_head_dim": 0,
-    "n_shared_experts": 0,
-    "num_hash_layers": 0,
-    "swiglu_limit": 0,
-}
+# Number fields that may be 0; any other integer is at least 1, any other
+# float above 0.
+_MAY_BE_ZERO = (
+    "qk_rope_head_dim",
+    "n_shared_experts",
+    "num_hash_layers",
+    "swiglu_limit",
+)
 
 
-def _check_numbers(args: ModelArgs) -> None:
-    """Raise one error naming every int or float field of the wrong type or
-    out of range."""
+def _number_problems(args: ModelArgs) -> List[str]:
     problems = []
-    for field in fields(args):
-        if field.type in (int, Optional[int]):
-            kind, what = int, "an integer"
-        elif field.type in (float, Optional[float]):
-            kind, what = (int, float), "a number"
-        else:
+    for f in fields(args):
+        value = getattr(args, f.name)
+        if f.type not in (int, float, Optional[int], Optional[float]) or (
+            value is None and f.default is None
+        ):
             continue
-        value = getattr(args, field.name)
-        if value is None and field.default is None:
-            continue
-        if not isinstance(value, kind) or isinstance(value, bool):
-            problems.append(f"`{field.name}` {value!r} is not {what}")
-            continue
-        low = _MINIMUMS.get(field.name)
-        if low is not None and not value >= low:
-            problems.append(f"`{field.name}` {value} must be {low} or more")
-        elif low is None and kind is int and value < 1:
-            problems.append(f"`{field.name}` {value} must be 1 or more")
-        elif low is None and not (0 < value < math.inf):
-            problems.append(f"`{field.name}` {value} must be a positive number")
-    if problems:
-        raise ValueError("Invalid DeepSeek-V4 config:\n  " + "\n  ".join(problems))
+        low = 0 if f.name in _MAY_BE_ZERO else 1
+        integer = f.type in (int, Optional[int])
+        if not isinstance(value, int if integer else (int, float)):
+            what = "an integer" if integer else "a number"
+            problems.append(f"`{f.name}` {value!r} is not {what}")
+        elif integer and value < low:
+            problems.append(f"`{f.name}` {value} must be {low} or more")
+        elif f.type in (float, Optional[float]) and not (
+            value >= low if low == 0 else 0 < value < math.inf
+        ):
+            what = "0 or more" if low == 0 else "a positive number"
+            problems.append(f"`{f.name}` {value} must be {what}")
+    return problems
 
 
-def _make_rope(args: ModelArgs, compressed: bool) -> YarnRoPE:
-    dims = args.qk_rope_head_dim
-    if not compressed:
-        return YarnRoPE(dims, traditional=True, base=args.rope_theta)
-    scaling = args.rope_scaling
-    if scaling is None:
-        return YarnRoPE(dims, traditional=True, base=args.compress_rope_theta)
-    original = scaling["original_max_position_embeddings"]
-    factor = scaling.get("factor") or args.max_position_embeddings / original
-    # DeepSeek-V4 does not scale the attention (YaRN's mscale is 1).
-    return YarnRoPE(
-        dims,
-        traditional=True,
-        base=args.compress_rope_theta,
-        scaling_factor=factor,
-        original_max_position_embeddings=original,
-        beta_fast=scaling.get("beta_fast") or 32,
-        beta_slow=scaling.get("beta_slow") or 1,
-        mscale=0.0,
-        mscale_all_dim=0.0,
+def _fp8_problems(config: Optional[Dict[str, Any]]):
+    """DeepSeek's own quantization: fp8 e4m3 with ue8m0 block scales."""
+    if not config:
+        return
+    for key, value in (
+        ("quant_method", "fp8"),
+        ("fmt", "e4m3"),
+        ("scale_fmt", "ue8m0"),
+    ):
+        got = config.get(key, None if key == "quant_method" else value)
+        yield got != value, f"`quantization_config.{key}` {got!r} is not {value!r}"
+    block = config.get("weight_block_size", [128, 128])
+    yield len(block) != 2 or block[1] % 32, (
+        f"`quantization_config.weight_block_size` {block} needs columns a "
+        "multiple of 32"
+    )
+    expert = config.get("expert_dtype", "fp8")
+    yield expert not in ("fp4", "fp8"), (
+        f"`quantization_config.expert_dtype` {expert!r} is not 'fp4' or 'fp8'"
     )
 
 
-def _rope_freqs(rope: YarnRoPE, dims: int) -> mx.array:
-    """The rope's frequencies for all ``dims`` features: infinite periods
-    leave the leading ones unrotated, so one rope call covers a whole head."""
-    lead = mx.full(((dims - rope.dims) // 2,), mx.inf)
-    return mx.concatenate([lead, rope._freqs])
-
-
-class _StepCompiled:
-    """``fn`` compiled for decode steps, whose shapes repeat; a prompt runs it
-    as it is, since each new prompt length would keep one more compiled trace
-    in memory."""
-
-    def __init__(self, fn):
-        self.fn = fn
-        self.compiled = mx.compile(fn)
-
-    def __call__(self, step: bool, *args):
-        return (self.compiled if step else self.fn)(*args)
-
-
-@lru_cache
-def _compiled_rope(scale: float):
-    def rope(x, freqs, offset):
-        return mx.fast.rope(
-            x,
-            x.shape[-1],
-            traditional=True,
-            base=None,
-            scale=scale,
-            offset=offset,
-            freqs=freqs,
-        )
-
-    return _StepCompiled(rope)
+def _rope_freqs(args: ModelArgs, compressed: bool, dims: int) -> mx.array:
+    """The frequencies of all ``dims`` features: infinite periods leave the
+    leading ones unrotated, so one rope call covers a whole head."""
+    freqs = make_rope(args, compressed).freqs
+    return mx.concatenate([mx.full((dims // 2 - freqs.size,), mx.inf), freqs])
 
 
 def _rope(x, freqs, offset, scale=1.0):
     """Rotate x [..., L, D] from positions ``offset`` ([B]) on."""
-    return _compiled_rope(scale)(x.shape[-2] == 1, x, freqs, offset)
-
-
-def _memoize(method):
-    def wrapper(self, arg):
-        key = (method.__name__, arg)
-        if key not in self._memo:
-            self._memo[key] = method(self, arg)
-        return self._memo[key]
-
-    return wrapper
-
-
-class Rows:
-    """Where each batch row's tokens of one forward sit: tokens
-    ``starts[b]:ends[b]`` of row b are real (the others padding), the first
-    at position ``offsets[b]``. Lists on the host, arrays for the masks."""
-
-    def __init__(self, offsets, starts, ends, length):
-        self.offsets, self.starts, self.ends = offsets, starts, ends
-        self.counts = [e - s for s, e in zip(starts, ends)]
-        self.length = length
-        j = mx.arange(length)
-        self.offset = mx.array(offsets)[:, None]
-        self.start = mx.array(starts)[:, None]
-        self.end = mx.array(ends)[:, None]
-        # The rope offset of each row and each token's position [B, L].
-        self.shift = mx.array([o - s for o, s in zip(offsets, starts)])
-        self.pos = self.shift[:, None] + j
-        self.real = (j >= self.start) & (j < self.end)
-        self._j = j
-        self._memo = {}
-
-    # The layers share these, so each is built once per forward.
-    @_memoize
-    def slots(self, size):
-        """The slot of each token in a buffer of the last ``size`` positions,
-        ``size`` (no slot) for padding and tokens the buffer will not keep."""
-        keep = self.real & (self._j >= self.end - size)
-        return mx.where(keep, self.pos % size, size)
-
-    def _fetched(self, pos, capacity):
-        """Where position ``pos`` [B, ...] sits in the keys of
-        ``SharedWindowCache.update_and_fetch``: ``capacity`` slots, one more,
-        then the new rows."""
-        shape = (-1,) + (1,) * (pos.ndim - 1)
-        offset, start = self.offset.reshape(shape), self.start.reshape(shape)
-        index = mx.where(
-            pos >= offset, capacity + 1 + pos - offset + start, pos % capacity
-        )
-        return mx.minimum(index, capacity + self.length)
-
-    @_memoize
-    def window_mask(self, sizes):
-        """Which keys of ``SharedWindowCache.update_and_fetch`` each query of
-        a sliding ``window`` sees [B, L, capacity + 1 + L]."""
-        window, capacity = sizes
-        s = mx.arange(capacity + 1)
-        # Slot s holds the last position before the new tokens that is s mod
-        # capacity; the extra slot nothing.
-        kept = s + capacity * ((self.offset - 1 - s) // capacity)
-        kept = mx.where(s < capacity, kept, -1)
-        keys = mx.concatenate([kept, mx.where(self.real, self.pos, -1)], axis=1)
-        keys, q = keys[:, None], self.pos[..., None]
-        return (keys >= 0) & (keys <= q) & (keys > q - window)
-
-    @_memoize
-    def window_rows(self, sizes):
-        """For each query, the indices of its window's keys in the keys of
-        ``update_and_fetch`` [B, L, window], and which of them exist."""
-        window, capacity = sizes
-        pos = self.pos[..., None] - window + 1 + mx.arange(window)
-        return self._fetched(pos, capacity), pos >= 0
-
-    @_memoize
-    def bands(self, sizes):
-        """For the queries in blocks of ``block``: the indices of the keys
-        each block's window spans in the keys of ``update_and_fetch``
-        [B, N, block + window - 1], and which of them each query sees
-        [B, N, block, block + window - 1]."""
-        window, capacity, block = sizes
-        blocks = -(-self.length // block)
-        first = self.shift[:, None, None] + block * mx.arange(blocks)[:, None]
-        pos = first - window + 1 + mx.arange(block + window - 1)
-        q = (first + mx.arange(block))[..., None]
-        k = pos[:, :, None]
-        return self._fetched(pos, capacity), (k >= 0) & (k <= q) & (k > q - window)
-
-    @_memoize
-    def entries(self, ratio):
-        """How many entries of each ratio the rows have after the forward
-        (the most of any row), and how many each query sees [B, L]."""
-        n = max((o + c) // ratio for o, c in zip(self.offsets, self.counts))
-        return n, (self.pos + 1) // ratio
-
-    @_memoize
-    def windows(self, sizes):
-        """For a compressor of ``ratio`` rows per entry that keeps ``span``
-        rows: the first window each row closes in this forward, how many
-        windows the row closing most closes, and the rows of those windows
-        (``before`` windows more before them) as positions [B, N] and indices
-        into the buffer followed by the new rows [B, N, 1]."""
-        ratio, span, before = sizes
-        first = [o // ratio for o in self.offsets]
-        closed = max(
-            (o + c) // ratio - f for o, c, f in zip(self.offsets, self.counts, first)
-        )
-        if closed == 0:
-            return first, 0, None, None
-        pos = (mx.array(first)[:, None] - before) * ratio + mx.arange(
-            (closed + before) * ratio
-        )
-        idx = mx.where(
-            pos < self.offset,
-            mx.where(pos < 0, span, pos % span),
-            span + 1 + pos - self.offset + self.start,
-        )
-        # A row that closes fewer windows pools garbage into slots it has not
-        # reached; they are masked until it overwrites them.
-        idx = mx.minimum(idx, span + self.length)[..., None]
-        return first, closed, pos, idx
-
-
-@lru_cache
-def _compiled_rms_norm(eps: float):
-    return mx.compile(
-        lambda x, weight: mx.fast.rms_norm(x, weight, eps), shapeless=True
+    return mx.fast.rope(
+        x,
+        x.shape[-1],
+        traditional=True,
+        base=None,
+        scale=scale,
+        offset=offset,
+        freqs=freqs,
     )
 
 
+# Helpers with shape arithmetic compile for decode steps only: their shapes
+# repeat, while each new prompt length would keep a compiled trace.
+_rope_step = mx.compile(_rope)
+
+
+@partial(mx.compile, shapeless=True)
+def _rms_norm(x, weight, eps):
+    return mx.fast.rms_norm(x, weight, eps)
+
+
 class RMSNorm(nn.RMSNorm):
+    # Compiled: on a CPU mx.fast.rms_norm is a graph of ops.
     def __call__(self, x: mx.array) -> mx.array:
-        return _compiled_rms_norm(self.eps)(x, self.weight)
+        return _rms_norm(x, self.weight, self.eps)
 
 
 class Compressor(nn.Module):
@@ -436,65 +293,56 @@ class Compressor(nn.Module):
         self.wgate = nn.Linear(args.hidden_size, width, bias=False)
         self.ape = mx.zeros((ratio, width), dtype=mx.float32)
         self.norm = nn.RMSNorm(head_dim, eps=args.rms_norm_eps)
-        self._freqs = _rope_freqs(_make_rope(args, compressed=True), head_dim)
+        self._freqs = _rope_freqs(args, True, head_dim)
 
     def __call__(
-        self, x: mx.array, cache: CompressorCache, rows: Rows
+        self, x: mx.array, cache: CompressorCache, rows: WindowRows
     ) -> Optional[mx.array]:
         """Pool each window of ratio rows that x closes into one entry; return
         the pool (entry w of a row in its slot w), or None."""
-        kv, gate = self.wkv(x), self.wgate(x)
-        ratio, span, before = self.ratio, cache.span, int(self.overlap)
-        first, closed, pos, idx = rows.windows((ratio, span, before))
-        buffers = cache.update_rows(kv, gate, rows.slots(span), fetch=closed > 0)
-        if closed == 0:
+        windows = cache.update_and_fetch(self.wkv(x), self.wgate(x), rows)
+        if windows is None:
             return cache.pool
-        pool = _compiled_pool(ratio, self.head_dim, self.overlap, self.norm.eps)
+        *windows, first = windows
+        pool = _pool_step if x.shape[1] == 1 else _pool
         entries = pool(
-            x.shape[1] == 1,
-            *buffers,
-            idx,
-            pos,
+            *windows,
             self.ape,
             self.norm.weight,
             self._freqs,
             mx.array(first),
+            self.ratio,
+            self.overlap,
+            self.norm.eps,
         )
         return cache.update_pool(entries.astype(x.dtype), first)
 
 
-@lru_cache
-def _compiled_pool(ratio: int, head_dim: int, overlap: bool, eps: float):
-    def pool(buf_kv, buf_gate, idx, pos, ape, norm_weight, freqs, first):
-        idx = mx.stop_gradient(idx)
-        batch, n, _ = idx.shape
-        shape = (batch, n // ratio, ratio, buf_kv.shape[-1])
-        kv = mx.take_along_axis(buf_kv, idx, axis=1).reshape(shape)
-        gate = mx.take_along_axis(buf_gate, idx, axis=1).reshape(shape) + ape
-        if overlap:
-            # Entry w pools the first half of window w - 1 and the second
-            # half of window w; nothing comes before position 0.
-            d = head_dim
-            early = (pos < 0).reshape(*shape[:3], 1)[:, :-1]
-            kv_a = mx.where(early, 0, kv[:, :-1, :, :d])
-            gate_a = mx.where(early, -mx.inf, gate[:, :-1, :, :d])
-            kv = mx.concatenate([kv_a, kv[:, 1:, :, d:]], axis=2)
-            gate = mx.concatenate([gate_a, gate[:, 1:, :, d:]], axis=2)
-        weights = mx.softmax(gate.astype(mx.float32), axis=2, precise=True)
-        entries = mx.sum(kv * weights.astype(kv.dtype), axis=2)
-        entries = mx.fast.rms_norm(entries, norm_weight, eps)
-        # An entry sits at the position of its window's first row.
-        return mx.fast.rope(
-            entries,
-            head_dim,
-            traditional=True,
-            base=None,
-            scale=float(ratio),
-            offset=first,
-            freqs=freqs,
-        )
+def _pool(
+    buf_kv, buf_gate, idx, pos, ape, norm_weight, freqs, first, ratio, overlap, eps
+):
+    idx = mx.stop_gradient(idx)
+    batch, n, _ = idx.shape
+    shape = (batch, n // ratio, ratio, buf_kv.shape[-1])
+    kv = mx.take_along_axis(buf_kv, idx, axis=1).reshape(shape)
+    gate = mx.take_along_axis(buf_gate, idx, axis=1).reshape(shape) + ape
+    if overlap:
+        # Entry w pools the first half of window w - 1 and the second
+        # half of window w; nothing comes before position 0.
+        d = norm_weight.shape[0]
+        early = (pos < 0).reshape(*shape[:3], 1)[:, :-1]
+        kv_a = mx.where(early, 0, kv[:, :-1, :, :d])
+        gate_a = mx.where(early, -mx.inf, gate[:, :-1, :, :d])
+        kv = mx.concatenate([kv_a, kv[:, 1:, :, d:]], axis=2)
+        gate = mx.concatenate([gate_a, gate[:, 1:, :, d:]], axis=2)
+    weights = mx.softmax(gate.astype(mx.float32), axis=2, precise=True)
+    entries = mx.sum(kv * weights.astype(kv.dtype), axis=2)
+    entries = mx.fast.rms_norm(entries, norm_weight, eps)
+    # An entry sits at the position of its window's first row.
+    return _rope(entries, freqs, first, float(ratio))
 
-    return _StepCompiled(pool)
+
+_pool_step = mx.compile(_pool)
 
 
 class Indexer(nn.Module):
@@ -509,10 +357,10 @@ class Indexer(nn.Module):
         )
         self.weights_proj = nn.Linear(args.hidden_size, self.n_heads, bias=False)
         self.compressor = Compressor(args, ratio, self.head_dim, overlap=True)
-        self._freqs = _rope_freqs(_make_rope(args, compressed=True), self.head_dim)
+        self._freqs = _rope_freqs(args, True, self.head_dim)
 
     def __call__(
-        self, x: mx.array, qr: mx.array, cache: CompressorCache, rows: Rows
+        self, x: mx.array, qr: mx.array, cache: CompressorCache, rows: WindowRows
     ) -> Optional[mx.array]:
         """The entries each query attends to [B, L, k], or None where every
         visible entry is picked."""
@@ -522,7 +370,8 @@ class Indexer(nn.Module):
             return None
         batch, length, _ = x.shape
         q = self.wq_b(qr).reshape(batch, length, self.n_heads, self.head_dim)
-        q = _rope(q.transpose(0, 2, 1, 3), self._freqs, rows.shift)
+        rope = _rope_step if length == 1 else _rope
+        q = rope(q.transpose(0, 2, 1, 3), self._freqs, rows.shift)
         # In the keys' dtype, heads next to the entries [B, L, heads, n]: a
         # float32 copy of the whole pool per step costs more than it gains
         # (DeepSeek's code even rounds these to fp4). A prompt's queries go
@@ -583,8 +432,7 @@ class Attention(nn.Module):
         )
         self.attn_sink = mx.zeros((self.n_heads,), dtype=mx.float32)
         self._group_ids = mx.arange(args.o_groups)[None]
-        rope = _make_rope(args, compressed=self.kind != SLIDING)
-        self._freqs = _rope_freqs(rope, self.head_dim)
+        self._freqs = _rope_freqs(args, self.kind != SLIDING, self.head_dim)
         self._inverse_freqs = -self._freqs
         if self.kind != SLIDING:
             ratio = args.compress_rates[self.kind]
@@ -595,85 +443,82 @@ class Attention(nn.Module):
             self.indexer = Indexer(args, ratio)
 
     def __call__(
-        self, x: mx.array, cache: WindowCompressorCache, rows: Rows
+        self, x: mx.array, cache: WindowCompressorCache, rows: WindowRows
     ) -> mx.array:
         batch, length, _ = x.shape
         qr = self.q_norm(self.wq_a(x))
         q = self.wq_b(qr).reshape(batch, length, self.n_heads, self.head_dim)
         q = mx.fast.rms_norm(q, None, self.eps).transpose(0, 2, 1, 3)
-        q = _rope(q, self._freqs, rows.shift)
-        kv = _rope(self.kv_norm(self.wkv(x)), self._freqs, rows.shift)
+        rope = _rope_step if length == 1 else _rope
+        q = rope(q, self._freqs, rows.shift)
+        kv = rope(self.kv_norm(self.wkv(x)), self._freqs, rows.shift)
 
         # One attention over the keys of the window and the compressed keys,
         # each query masked to what it sees, with the sink in the softmax:
         # the whole visible HCA pool, or a CSA query's top-k entries.
-        sizes = self.window, cache.window.capacity
-        window = cache.window.update_and_fetch(kv, rows.slots(sizes[1]))
-        pool = visible = chosen = None
+        window = cache.update_and_fetch(kv, rows)
+        pool = seen = chosen = None
         if self.kind != SLIDING:
-            pool = self.compressor(x, cache.compressor, rows)
+            entries = self.compressor(x, cache.compressor, rows)
             n, visible = rows.entries(self.compressor.ratio)
             if self.kind == CSA:
                 chosen = self.indexer(x, qr, cache.indexer, rows)
-            if chosen is None:
-                pool = pool[:, :n] if n > 0 else None
-        if chosen is not None and length > 1:
-            out = self._sparse(q, window, pool, chosen, visible, rows)
-        elif length > _QUERY_BLOCK:
-            out = self._banded(q, window, pool, visible, rows)
-        else:
-            keys, mask = [window], [rows.window_mask(sizes)]
             if chosen is not None:
-                keys.append(mx.take_along_axis(pool, chosen[:, 0, :, None], 1))
-                mask.append(chosen < visible[..., None])
-            elif pool is not None:
-                keys.append(pool)
-                mask.append(mx.arange(pool.shape[1]) < visible[..., None])
-            keys = mx.concatenate(keys, axis=1)[:, None]
-            mask = mx.concatenate(mask, axis=-1)[:, None]
-            out = mx.fast.scaled_dot_product_attention(
-                q,
-                keys,
-                keys,
-                scale=self.scale,
-                mask=mask,
-                sinks=self.attn_sink.astype(q.dtype),
-            )
+                pool, seen = entries, chosen < visible[..., None]
+            elif n > 0:
+                pool, seen = entries[:, :n], mx.arange(n) < visible[..., None]
+        if chosen is not None and length > 1:
+            out = self._sparse(q, window, pool, chosen, seen, rows)
+        else:
+            if chosen is not None:
+                # One query: its entries are the keys of all its heads.
+                pool = mx.take_along_axis(pool, chosen[:, 0, :, None], axis=1)
+            out = self._dense(q, window, pool, seen, rows)
         return self._output(out, rows)
 
-    def _banded(self, q, window, pool, visible, rows):
-        """Attention of a prompt's queries in blocks of ``_QUERY_BLOCK``, each
-        block over the window keys it spans (and the visible pool), not over
+    def _dense(self, q, window, pool, seen, rows):
+        """Attention of queries that share their keys: the window rows and
+        the pool entries ``seen`` [B, L, n]. A prompt's queries go in blocks
+        of ``_QUERY_BLOCK``, each over the window rows it spans, not over
         every key of the chunk."""
         batch, heads, length, dims = q.shape
-        block = _QUERY_BLOCK
-        capacity = window.shape[1] - 1 - length
-        index, mask = rows.bands((self.window, capacity, block))
-        blocks = index.shape[1]
-        keys = mx.take_along_axis(window[:, None], index[..., None], axis=2)
-        if pool is not None:
-            n = pool.shape[1]
-            shape = (batch, blocks, n, dims)
-            keys = mx.concatenate([keys, mx.broadcast_to(pool[:, None], shape)], 2)
+        sizes = self.window, window.shape[1] - 1 - length
+        blocks = -(-length // _QUERY_BLOCK)
+        if blocks == 1:
+            keys, mask = window, rows.window_mask(sizes)
+            if pool is not None:
+                keys = mx.concatenate([keys, pool], axis=1)
+                mask = mx.concatenate([mask, seen], axis=-1)
+            keys, mask = keys[:, None], mask[:, None]
+        else:
+            block = _QUERY_BLOCK
             pad = blocks * block - length
-            seen = mx.pad(visible, [(0, 0), (0, pad)]).reshape(batch, blocks, block)
-            seen = mx.arange(n) < seen[..., None]
-            mask = mx.concatenate([mask, seen], axis=-1)
-        q = mx.pad(q, [(0, 0), (0, 0), (0, blocks * block - length), (0, 0)])
-        q = q.reshape(batch, heads, blocks, block, dims).swapaxes(1, 2)
-        keys = keys.reshape(batch * blocks, 1, -1, dims)
+            index, mask = rows.bands((*sizes, block))
+            keys = mx.take_along_axis(window[:, None], index[..., None], axis=2)
+            if pool is not None:
+                shape = (batch, blocks, pool.shape[1], dims)
+                keys = mx.concatenate([keys, mx.broadcast_to(pool[:, None], shape)], 2)
+                seen = mx.pad(seen, [(0, 0), (0, pad), (0, 0)])
+                mask = mx.concatenate([mask, seen.reshape(*shape[:2], block, -1)], -1)
+            q = mx.pad(q, [(0, 0), (0, 0), (0, pad), (0, 0)])
+            q = q.reshape(batch, heads, blocks, block, dims).swapaxes(1, 2)
+            q = q.reshape(batch * blocks, heads, block, dims)
+            keys = keys.reshape(batch * blocks, 1, -1, dims)
+            mask = mask.reshape(batch * blocks, 1, block, -1)
         out = mx.fast.scaled_dot_product_attention(
-            q.reshape(batch * blocks, heads, block, dims),
+            q,
             keys,
             keys,
             scale=self.scale,
-            mask=mask.reshape(batch * blocks, 1, block, -1),
+            mask=mask,
             sinks=self.attn_sink.astype(q.dtype),
         )
-        out = out.reshape(batch, blocks, heads, block, dims).swapaxes(1, 2)
-        return out.reshape(batch, heads, -1, dims)[:, :, :length]
+        if blocks > 1:
+            out = out.reshape(batch, blocks, heads, -1, dims).swapaxes(1, 2)
+            out = out.reshape(batch, heads, -1, dims)[:, :, :length]
+        return out
 
-    def _sparse(self, q, window, pool, chosen, visible, rows):
+    def _sparse(self, q, window, pool, chosen, seen, rows):
         """Attention of queries that each attend to their own window rows and
         top-k entries (the rows gathered in the model's dtype, for a block
         of queries at a time); the heads of a token are the queries of its
@@ -682,7 +527,6 @@ class Attention(nn.Module):
         # The buffer keeps ``capacity`` slots and one more before the rows.
         capacity = window.shape[1] - 1 - length
         index, valid = rows.window_rows((self.window, capacity))
-        seen = chosen < visible[..., None]
         q = (q * self.scale).swapaxes(1, 2)
         window, pool = window[:, None], pool[:, None]
         out = []
@@ -701,10 +545,11 @@ class Attention(nn.Module):
             out.append(weights @ keys)
         return mx.concatenate(out, axis=1).swapaxes(1, 2)
 
-    def _output(self, out: mx.array, rows: Rows) -> mx.array:
+    def _output(self, out: mx.array, rows: WindowRows) -> mx.array:
         batch, _, length, _ = out.shape
         # Undo the keys' rotation at the query position.
-        out = _rope(out, self._inverse_freqs, rows.shift).swapaxes(1, 2)
+        rope = _rope_step if length == 1 else _rope
+        out = rope(out, self._inverse_freqs, rows.shift).swapaxes(1, 2)
         # Each group of heads has its own projection: [B, groups, L, dims].
         out = out.reshape(batch, length, self.o_groups, -1).swapaxes(1, 2)
         # Plain weights as one batched matmul: gather_mm of whole groups
@@ -730,132 +575,17 @@ def _sink_softmax(scores, mask, sinks):
     return (weights / total).astype(scores.dtype)
 
 
-@lru_cache
-def _compiled_collapse(hc: int, iters: int, hc_eps: float, norm_eps: float):
-    """A decode step's collapse in one compiled call (shapes repeat there)."""
-
-    def collapse(streams, fn, base, scale, scale_ids, eps):
-        # Upstream's mixes (its Sinkhorn kernel on a GPU), given the arrays.
-        params = SimpleNamespace(
-            hc=hc,
-            iters=iters,
-            hc_eps=hc_eps,
-            norm_eps=norm_eps,
-            fn=fn,
-            base=base,
-            scale=scale,
-            _scale_ids=scale_ids,
-            _eps=eps,
-        )
-        pre, post, comb = deepseek_v41.HyperConnection.__call__(params, streams)
-        return _collapse(streams, pre), post, comb
-
-    return mx.compile(collapse)
-
-
-def _weighted_sum(weights, streams):
-    """The streams, each times its float32 weights, summed one at a time."""
-    out = mx.expand_dims(weights[0], -1) * streams[0]
-    for w, stream in zip(weights[1:], streams[1:]):
-        out = out + mx.expand_dims(w, -1) * stream
-    return out
-
-
-@partial(mx.compile, shapeless=True)
-def _collapse_by_stream(weights, streams):
-    """``_collapse`` one stream at a time: no float32 copy of the streams."""
-    return _weighted_sum(weights, streams).astype(streams[0].dtype)
-
-
-_compiled_expand = mx.compile(_expand, shapeless=True)
-
-
-@partial(mx.compile, shapeless=True)
-def _expand_by_stream(x, post, comb_rows, streams):
-    """``_expand`` one input stream at a time: no [B, L, hc, hc, D] product
-    (256 MB per call for 1,024 tokens of Flash)."""
-    mixed = _weighted_sum(comb_rows, streams)
-    out = mx.expand_dims(post, -1) * mx.expand_dims(x, -2) + mixed
-    return out.astype(streams[0].dtype)
-
-
-class HyperConnection(deepseek_v41.HyperConnection):
-    def collapse(self, streams: mx.array):
-        """The streams mixed into one, and the post and comb mixes."""
-        if streams.shape[1] == 1:
-            fn = _compiled_collapse(self.hc, self.iters, self.hc_eps, self.norm_eps)
-            args = self.fn, self.base, self.scale, self._scale_ids, self._eps
-            return fn(streams, *args)
-        # A prompt's mixes run uncompiled: compiled, each new prompt length
-        # would keep one more trace in memory.
-        pre, post, comb = self(streams)
-        # Slices stay out of the shapeless compile.
-        weights = [pre[:, :, i] for i in range(self.hc)]
-        parts = [streams[:, :, i] for i in range(self.hc)]
-        return _collapse_by_stream(weights, parts), post, comb
-
-    def expand(self, x: mx.array, streams: mx.array, post: mx.array, comb: mx.array):
-        """The layer's output x written back into the streams."""
-        if streams.shape[1] == 1:
-            return _compiled_expand(x, streams, post, comb)
-        rows = [comb[:, :, i] for i in range(self.hc)]
-        parts = [streams[:, :, i : i + 1] for i in range(self.hc)]
-        return _expand_by_stream(x, post, rows, parts)
-
-
-class Gate(nn.Module):
-    def __init__(self, args: ModelArgs, hashed: bool):
-        super().__init__()
-        self.top_k = args.num_experts_per_tok
-        self.scale = args.routed_scaling_factor
-        self.weight = mx.zeros((args.n_routed_experts, args.hidden_size))
-        if hashed:
-            # Hash layers pick experts by token id.
-            self.tid2eid = mx.zeros((args.vocab_size, self.top_k), dtype=mx.int32)
-            self.freeze(recurse=False, keys="tid2eid")
-        else:
-            self.e_score_correction_bias = mx.zeros(
-                (args.n_routed_experts,), dtype=mx.float32
-            )
-
-    def __call__(self, x: mx.array, input_ids: mx.array):
-        hashed = "tid2eid" in self
-        route = _compiled_gate(self.top_k, self.scale, hashed)
-        choice = self.tid2eid[input_ids] if hashed else self.e_score_correction_bias
-        return route(x.shape[1] == 1, x, self.weight, choice)
-
-
-@lru_cache
-def _compiled_gate(top_k: int, scale: float, hashed: bool):
-    def route(x, weight, choice):
-        logits = x.astype(mx.float32) @ weight.astype(mx.float32).T
-        scores = mx.sqrt(nn.softplus(logits))
-        if hashed:
-            inds = choice
-        else:
-            # The bias only selects the experts.
-            biased = scores + choice
-            inds = mx.argpartition(-biased, top_k - 1, axis=-1)[..., :top_k]
-        # Compiled, every input would get a gradient: indices have none.
-        inds = mx.stop_gradient(inds)
-        weights = mx.take_along_axis(scores, inds, axis=-1)
-        weights = weights / (mx.sum(weights, axis=-1, keepdims=True) + 1e-20)
-        return inds, weights * scale
-
-    return _StepCompiled(route)
-
-
 def _freeze_hash_tables(module: nn.Module) -> None:
     # The hash layers' expert tables are integer lookups, never trained.
     for m in module.modules():
-        if isinstance(m, Gate) and "tid2eid" in m:
+        if isinstance(m, Router) and "tid2eid" in m:
             m.freeze(recurse=False, keys="tid2eid")
 
 
 class MoE(nn.Module):
     def __init__(self, args: ModelArgs, hashed: bool):
         super().__init__()
-        self.gate = Gate(args, hashed)
+        self.gate = Router(args, hashed)
         self.switch_mlp = SwitchGLU(
             args.hidden_size,
             args.moe_intermediate_size,
@@ -897,7 +627,7 @@ class DecoderLayer(nn.Module):
         h: mx.array,
         input_ids: mx.array,
         cache: WindowCompressorCache,
-        rows: Rows,
+        rows: WindowRows,
     ) -> mx.array:
         x, post, comb = self.attn_hc.collapse(h)
         x = self.attn(self.attn_norm(x), cache, rows)
@@ -927,7 +657,7 @@ def _cache_arrays(cache: List[WindowCompressorCache]) -> List[mx.array]:
     return [a for c in cache for a in c.cache_arrays()]
 
 
-class DeepseekV4Model(nn.Module):
+class DeepseekV4Model(PipelineMixin, nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.hc_mult = args.hc_mult
@@ -942,10 +672,17 @@ class DeepseekV4Model(nn.Module):
         h = self.embed_tokens(inputs)
         batch, length, dims = h.shape
         h = mx.broadcast_to(h[:, :, None], (batch, length, self.hc_mult, dims))
-        positions = [c.positions(batch, length) for c in cache]
-        rows = Rows(*positions[0], length)
-        for layer, layer_cache in zip(self.layers, cache):
+        # Every layer's cache holds the same rows.
+        rows = cache[0].make_mask(length, batch)
+        rank, size = self.pipeline_rank, self.pipeline_size
+        if rank < size - 1:
+            h = mx.distributed.recv_like(h, rank + 1)
+        for layer, layer_cache in zip(self.pipeline_layers, cache):
             h = layer(h, inputs, layer_cache, rows)
+        if rank > 0:
+            h = mx.distributed.send(h, rank - 1)
+        if size > 1:
+            h = mx.distributed.all_gather(h)[:batch]
         out = self.norm(self.hc_head(h))
         # Evaluating the output also materializes every cache array, so no
         # cache field keeps a growing lazy graph, without a host sync.
@@ -974,102 +711,6 @@ _RENAMES = tuple(
 _EXPERT_KEY = re.compile(r"(.+\.ffn)\.experts\.(\d+)\.(\w+)\.(\w+)")
 _WO_A_KEY = re.compile(r"(.+\.attn\.wo_a)\.(\d+)\.(\w+)")
 _MTP_KEY = re.compile(r"(^|\.)mtp\.")
-_MX_MODES = {"mxfp4": (4, 32), "mxfp8": (8, 32), "nvfp4": (4, 16)}
-
-
-def _check_quantization(args: "ModelArgs") -> None:
-    """Raise for a quantization config this model cannot load."""
-    problems = []
-    if args.quantization is not None:
-        entries = [("quantization", args.quantization)]
-        entries += [
-            (f"quantization.{k}", v)
-            for k, v in args.quantization.items()
-            if isinstance(v, dict)
-        ]
-        for field, entry in entries:
-            mode = entry.get("mode", "affine")
-            bits, group_size = entry.get("bits"), entry.get("group_size")
-            if mode != "affine" and mode not in _MX_MODES:
-                problems.append(f"`{field}.mode` {mode!r} is not a quantization mode")
-            elif mode in _MX_MODES and (bits, group_size) != _MX_MODES[mode]:
-                problems.append(
-                    f"`{field}` {mode} needs bits {_MX_MODES[mode][0]} and "
-                    f"group_size {_MX_MODES[mode][1]}, not {bits} and {group_size}"
-                )
-            elif mode == "affine" and (
-                bits not in (2, 3, 4, 5, 6, 8) or group_size not in (32, 64, 128)
-            ):
-                problems.append(
-                    f"`{field}` affine bits {bits} or group_size {group_size} "
-                    "is not supported"
-                )
-    elif (config := args.quantization_config) is not None:
-        method = config.get("quant_method")
-        if method != "fp8":
-            problems.append(
-                f"`quantization_config.quant_method` {method!r}: DeepSeek-V4 "
-                "checkpoints are 'fp8' or converted by mlx_lm.convert"
-            )
-        else:
-            block = config.get("weight_block_size", [128, 128])
-            expected = {"fmt": "e4m3", "scale_fmt": "ue8m0"}
-            for field, value in expected.items():
-                if config.get(field, value) != value:
-                    problems.append(
-                        f"`quantization_config.{field}` is "
-                        f"{config[field]!r}, not {value!r}"
-                    )
-            if config.get("expert_dtype", "fp8") not in ("fp4", "fp8"):
-                problems.append(
-                    "`quantization_config.expert_dtype` "
-                    f"{config['expert_dtype']!r} is not 'fp4' or 'fp8'"
-                )
-            if (
-                len(block) != 2
-                or not all(isinstance(b, int) and b > 0 for b in block)
-                or block[1] % 32
-            ):
-                problems.append(
-                    f"`quantization_config.weight_block_size` {block} is not "
-                    "two positive sizes with columns a multiple of 32"
-                )
-    if problems:
-        raise ValueError("Invalid DeepSeek-V4 config:\n  " + "\n  ".join(problems))
-
-
-def _ue8m0(scale: mx.array) -> mx.array:
-    """Power-of-two scales as biased exponents, the scales of MLX's mx modes."""
-    if scale.dtype == mx.uint8:
-        return scale
-    exponent = mx.log2(scale.astype(mx.float32))
-    if not mx.array_equal(exponent, mx.round(exponent)):
-        raise ValueError("its scales are not powers of two")
-    return (exponent + 127).astype(mx.uint8)
-
-
-def _to_mx_format(weight: mx.array, scale: mx.array, block) -> tuple:
-    """Put a DeepSeek fp8 or fp4 weight and its scale in MLX's mxfp8 or mxfp4
-    layout, without dequantizing.
-
-    fp8 (uint8 e4m3) has one scale per block of rows x columns, repeated here
-    to one per row and 32 columns. fp4 (int8, two e2m1 values per byte, the
-    low nibble first) already has one scale per row and 32 columns.
-    """
-    *lead, rows, cols = weight.shape
-    if weight.dtype == mx.int8:
-        cols, block = 2 * cols, (1, 32)
-    grid = (*lead, -(-rows // block[0]), -(-cols // block[1]))
-    if tuple(scale.shape) != grid:
-        raise ValueError(
-            f"its scale has shape {tuple(scale.shape)}, not {grid} for "
-            f"{block[0]}x{block[1]} blocks of a {tuple(weight.shape)} weight"
-        )
-    if cols % 32:
-        raise ValueError(f"its {cols} columns are not a multiple of 32")
-    scale = mx.repeat(_ue8m0(scale), block[0], axis=-2)[..., :rows, :]
-    scale = mx.repeat(scale, block[1] // 32, axis=-1)[..., : cols // 32]
-    return weight.view(mx.uint32), scale
 
 
 class Model(nn.Module):
@@ -1089,7 +730,7 @@ class Model(nn.Module):
 
     @property
     def layers(self):
-        return self.model.layers
+        return self.model.pipeline_layers
 
     def unfreeze(self, **kwargs) -> nn.Module:
         super().unfreeze(**kwargs)
@@ -1098,7 +739,8 @@ class Model(nn.Module):
 
     def make_cache(self) -> List[WindowCompressorCache]:
         caches = []
-        for kind in self.args.layer_types:
+        for layer in self.layers:
+            kind = layer.attn.kind
             ratio = self.args.compress_rates.get(kind)
             caches.append(
                 WindowCompressorCache(
@@ -1152,17 +794,12 @@ class Model(nn.Module):
             layer.ffn.sharding_group = group
 
     def sanitize(self, weights: Dict[str, mx.array]) -> Dict[str, mx.array]:
-        """Map every known checkpoint layout onto this model's names.
-
-        DeepSeek's fp8 and fp4 weights stay packed, as mxfp8 and mxfp4. Raises
-        one error naming every key it cannot map.
-        """
+        """Map every known checkpoint layout onto this model's names, keeping
+        DeepSeek's fp8 and fp4 weights packed (mxfp8 and mxfp4 scales)."""
         args = self.args
-        config = args.quantization_config or {}
-        block = tuple(config.get("weight_block_size", (128, 128)))
-        problems = {}
-        # MLX name -> (checkpoint key, array)
-        clean, parts = {}, {}
+        block = (args.quantization_config or {}).get("weight_block_size", (128, 128))
+        params = tree_flatten(self.parameters(), destination={})
+        clean, parts, problems = {}, {}, {}
         for key, value in weights.items():
             # The MTP block is only used for speculative decoding.
             if _MTP_KEY.search(key):
@@ -1179,75 +816,54 @@ class Model(nn.Module):
             else:
                 clean[name] = (key, value)
                 continue
-            members = parts.setdefault(group, {}).setdefault(kind, {})
-            members[int(index)] = (key, value)
+            kinds = parts.setdefault(group, {})
+            kinds.setdefault(kind, {})[int(index)] = (key, value)
         for (prefix, count), kinds in parts.items():
-            complete = True
+            bad = {}
             for members in kinds.values():
                 missing = sorted(set(range(count)) - set(members))
                 extra = sorted(set(members) - set(range(count)))
                 if missing or extra:
                     key = members[min(members)][0]
-                    problems[key] = f"parts missing {missing}, unexpected {extra}"
-                    complete = False
-            for kind, members in kinds.items() if complete else ():
+                    bad[key] = f"parts missing {missing}, unexpected {extra}"
+            problems.update(bad)
+            for kind, members in () if bad else kinds.items():
                 value = mx.stack([members[i][1] for i in range(count)])
                 clean[f"{prefix}.{kind}"] = (members[0][0], value)
-
-        # fp8 (uint8) and fp4 (int8) weights with one ue8m0 scale per block.
         for name in [n for n in clean if n.endswith(".scale")]:
             prefix = name.removesuffix(".scale")
             key, weight = clean.get(f"{prefix}.weight", (None, None))
-            if weight is None or weight.dtype not in (mx.uint8, mx.int8):
-                continue
-            try:
-                weight, scales = _to_mx_format(weight, clean.pop(name)[1], block)
-            except ValueError as e:
-                problems[key] = str(e)
-                del clean[f"{prefix}.weight"]
-                continue
-            clean[f"{prefix}.weight"] = (key, weight)
-            clean[f"{prefix}.scales"] = (key, scales)
-
-        params = tree_flatten(self.parameters(), destination={})
+            if weight is not None and weight.dtype in (mx.uint8, mx.int8):
+                try:
+                    packed = _repack(weight, clean.pop(name)[1], block)
+                except ValueError as e:
+                    problems[key] = str(e)
+                    continue
+                clean[f"{prefix}.weight"] = (key, packed[0])
+                clean[f"{prefix}.scales"] = (key, packed[1])
         out = {}
         for name, (key, value) in clean.items():
             prefix, _, kind = name.rpartition(".")
-            if (
-                prefix.endswith(".attn.wo_a")
-                and value.ndim == 2
-                and value.shape[0] % args.o_groups == 0
-            ):
+            if kind in ("scales", "biases"):
+                name_in_model = f"{prefix}.weight"
+            else:
+                name_in_model = name
+            if prefix.endswith(".attn.wo_a") and value.ndim == 2:
                 # One 2-D weight holds all the output groups.
                 value = value.reshape(args.o_groups, -1, value.shape[-1])
-            if kind == "tid2eid":
-                value = value.astype(mx.int32)
-            if kind == "weight" and value.dtype in (mx.uint8, mx.int8):
-                problems[key] = f"an fp8 or fp4 weight needs {key[:-6]}scale"
-            elif kind in ("scales", "biases"):
-                if f"{prefix}.weight" not in params:
-                    problems[key] = "no parameter of the model takes it"
-            elif name not in params:
+            if name_in_model not in params:
                 problems[key] = "no parameter of the model takes it"
+            elif kind == "weight" and value.dtype in (mx.uint8, mx.int8):
+                problems[key] = f"an fp8 or fp4 weight needs {key[:-6]}scale"
             elif f"{prefix}.scales" not in clean and value.shape != params[name].shape:
                 shape = tuple(params[name].shape)
                 problems[key] = f"has shape {tuple(value.shape)}, not {shape}"
-            out[name] = value
+            out[name] = value.astype(mx.int32) if kind == "tid2eid" else value
         if problems:
             raise ValueError(
                 f"Cannot load {len(problems)} DeepSeek-V4 checkpoint keys:\n"
                 + "\n".join(f"  {k}: {why}" for k, why in sorted(problems.items()))
             )
-        if args.quantization is None:
-            # No MLX quantization config names the layers that DeepSeek ships
-            # packed (and convert keeps packed), so their scales do.
-            def packed(path, module):
-                scales = out.get(f"{path}.scales")
-                if scales is None or not hasattr(module, "to_quantized"):
-                    return False
-                return infer_quant_config(path, module, out)
-
-            nn.quantize(self, class_predicate=packed)
         return out
 
     @property
