@@ -670,21 +670,6 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
         self.assertEqual(json.dumps(messages), before)
 
 
-class TestServerToolText(unittest.TestCase):
-
-    def test_tool_text_that_does_not_parse_stays_as_content(self):
-        markers = (tool_parser.tool_call_start, tool_parser.tool_call_end)
-        formatter = ToolCallFormatter(tool_parser.parse_tool_call, None, False, markers)
-        good = render_tool_calls([{"function": {"name": "f", "arguments": {"x": "1"}}}])
-        good = good.removeprefix(tool_parser.tool_call_start)
-        calls = formatter([good, "garbage"])
-        self.assertEqual([c["function"]["name"] for c in calls], ["f"])
-        self.assertEqual(
-            formatter.take_unparsed(), tool_parser.tool_call_start + "garbage"
-        )
-        self.assertEqual(formatter.take_unparsed(), "")
-
-
 class TestDeepseekV4ChatLoad(unittest.TestCase):
 
     @classmethod
