@@ -9,7 +9,7 @@ from test_deepseek_v4 import make_tiny_model, max_diff
 from test_deepseek_v4_cache_graph import max_cache_graph
 
 from mlx_lm.models import deepseek_v4
-from mlx_lm.models.cache import BatchWindowCompressorCache, make_prompt_cache
+from mlx_lm.models.cache import make_prompt_cache
 
 GRAPH_BOUND = 8
 
@@ -68,11 +68,6 @@ def decode_batched(model, prompts, inserts):
     generator.close()
     results = {k: (t, mx.stack(lp)) for k, (t, lp) in results.items()}
     return results, widest, worst
-
-
-def _entries(compressor):
-    """The pool of a single row, up to its last entry."""
-    return compressor.pool[:, : compressor.size() // compressor.ratio]
 
 
 class TestDeepseekV4Batch(unittest.TestCase):
@@ -196,58 +191,6 @@ class TestDeepseekV4Batch(unittest.TestCase):
 
     def test_long_left_padded_prompts_match_single_rows(self):
         self.check_left_padding(self.long_prompts)
-
-    def merged_a_and_c(self):
-        """Caches of prompts a and c, and the batch merged from them."""
-        caches = [make_prompt_cache(self.model) for _ in range(2)]
-        for cache, name in zip(caches, "ac"):
-            mx.eval(self.model(mx.array([self.prompts[name]]), cache))
-        batch = [c.merge([a, b]) for c, a, b in zip(caches[0], *caches)]
-        return caches, batch
-
-    def test_extracted_and_copied_rows_hold_what_nbytes_reports(self):
-        # A view into a pool or window of the batch would keep its whole
-        # buffer alive after the batch is gone.
-        model = self.model
-        caches, batch = self.merged_a_and_c()
-        for token in range(3):
-            mx.eval(model(mx.array([[token], [token]]), batch))
-        limit = mx.set_cache_limit(0)
-        try:
-            rows = [[c.extract(i) for c in batch] for i in range(2)]
-            rows.append([c.copy() for c in caches[0]])
-            mx.eval([c.cache_arrays() for row in rows for c in row])
-            stored = sum(c.nbytes for row in rows for c in row)
-            del batch, caches
-            mx.synchronize()
-            held = mx.get_active_memory()
-            del rows
-            mx.synchronize()
-            freed = held - mx.get_active_memory()
-        finally:
-            mx.set_cache_limit(limit)
-        self.assertEqual(freed, stored)
-
-    def test_merge_and_extract_copy_the_rows(self):
-        # A server keeps the caches it merged from and the ones it extracted.
-        model = self.model
-        caches, batch = self.merged_a_and_c()
-        self.assertIsInstance(batch[0], BatchWindowCompressorCache)
-        extracted = [c.extract(1) for c in batch]
-        kept = [caches[0], caches[1], extracted]
-        pools = [[_entries(c[1].compressor), _entries(c[1].indexer)] for c in kept]
-        mx.eval(pools)
-        for token in range(5, 10):
-            mx.eval(model(mx.array([[token], [token]]), batch))
-        self.assertEqual(batch[1].offsets, [42, 26])
-        rows = [batch[1].extract(i) for i in range(2)]
-        self.assertEqual(
-            [r.compressor.size() // r.compressor.ratio for r in rows], [10, 6]
-        )
-        for cache, offset, pool in zip(kept, [37, 21, 21], pools):
-            self.assertEqual(cache[1].offset, offset)
-            self.assertTrue(mx.array_equal(_entries(cache[1].compressor), pool[0]))
-            self.assertTrue(mx.array_equal(_entries(cache[1].indexer), pool[1]))
 
 
 if __name__ == "__main__":

@@ -469,96 +469,20 @@ EXPECTED = {
     "task output has no reasoning": "<｜begin▁of▁sentence｜><｜User｜>Weather?<｜title｜>Weather<｜end▁of▁sentence｜><｜User｜>Weather in Paris?<｜Assistant｜><think>",
 }
 
-PARSE_CASES = [
-    (
-        "strings and JSON values",
-        '\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n<｜DSML｜parameter name="units" string="false">null</｜DSML｜parameter>\n<｜DSML｜parameter name="hourly" string="false">true</｜DSML｜parameter>\n<｜DSML｜parameter name="at" string="false">[6, 12]</｜DSML｜parameter>\n<｜DSML｜parameter name="opts" string="false">{"lang": "fr"}</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
-        [
-            {
-                "name": "get_weather",
-                "arguments": {
-                    "city": "Paris",
-                    "days": 2,
-                    "units": None,
-                    "hourly": True,
-                    "at": [6, 12],
-                    "opts": {"lang": "fr"},
-                },
-            }
-        ],
-    ),
-    (
-        "a string that looks like a number",
-        '\n<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="code" string="true">42</｜DSML｜parameter>\n<｜DSML｜parameter name="n" string="false">42</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
-        [{"name": "f", "arguments": {"code": "42", "n": 42}}],
-    ),
-    (
-        "no arguments",
-        '\n<｜DSML｜invoke name="get_time">\n\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
-        [{"name": "get_time", "arguments": {}}],
-    ),
-    (
-        "several calls",
-        '\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Rome</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name="get_time">\n\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
-        [
-            {"name": "get_weather", "arguments": {"city": "Paris"}},
-            {"name": "get_weather", "arguments": {"city": "Rome"}},
-            {"name": "get_time", "arguments": {}},
-        ],
-    ),
-    (
-        "multi-line text with quotes and tags",
-        '\n<｜DSML｜invoke name="write">\n<｜DSML｜parameter name="text" string="true">line 1\n"quoted" <b>x</b>\n</｜DSML｜parameter>\n<｜DSML｜parameter name="path" string="true">a.txt</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
-        [
-            {
-                "name": "write",
-                "arguments": {"text": 'line 1\n"quoted" <b>x</b>\n', "path": "a.txt"},
-            }
-        ],
-    ),
-    (
-        "a value holding the invoke closing tag",
-        '\n<｜DSML｜invoke name="write">\n<｜DSML｜parameter name="text" string="true">a</｜DSML｜invoke>b</｜DSML｜parameter>\n<｜DSML｜parameter name="n" string="false">1</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
-        [{"name": "write", "arguments": {"text": "a</｜DSML｜invoke>b", "n": 1}}],
-    ),
-    (
-        "a value holding the block closing tag",
-        '\n<｜DSML｜invoke name="write">\n<｜DSML｜parameter name="text" string="true">x</｜DSML｜tool_calls>y</｜DSML｜parameter>\n<｜DSML｜parameter name="n" string="false">1</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
-        [{"name": "write", "arguments": {"text": "x</｜DSML｜tool_calls>y", "n": 1}}],
-    ),
-    (
-        "a value holding a whole block end",
-        '\n<｜DSML｜invoke name="write">\n<｜DSML｜parameter name="text" string="true"></｜DSML｜invoke>\n</｜DSML｜tool_calls></｜DSML｜parameter>\n<｜DSML｜parameter name="after" string="true">kept</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name="g">\n\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
-        [
-            {
-                "name": "write",
-                "arguments": {
-                    "text": "</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
-                    "after": "kept",
-                },
+# A block whose value holds a whole block end: it runs to the reply's end.
+STREAMED = (
+    '\n<｜DSML｜invoke name="write">\n<｜DSML｜parameter name="text" string="true"></｜DSML｜invoke>\n</｜DSML｜tool_calls></｜DSML｜parameter>\n<｜DSML｜parameter name="after" string="true">kept</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name="g">\n\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
+    [
+        {
+            "name": "write",
+            "arguments": {
+                "text": "</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
+                "after": "kept",
             },
-            {"name": "g", "arguments": {}},
-        ],
-    ),
-    (
-        "a value holding a parameter opening tag",
-        '\n<｜DSML｜invoke name="write">\n<｜DSML｜parameter name="text" string="true"><｜DSML｜parameter name="z" string="true">w</｜DSML｜parameter>\n<｜DSML｜parameter name="n" string="false">1</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
-        [
-            {
-                "name": "write",
-                "arguments": {
-                    "text": '<｜DSML｜parameter name="z" string="true">w',
-                    "n": 1,
-                },
-            }
-        ],
-    ),
-    (
-        "empty and unicode strings",
-        '\n<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="a" string="true"></｜DSML｜parameter>\n<｜DSML｜parameter name="b" string="true">é ✓ ｜</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
-        [{"name": "f", "arguments": {"a": "", "b": "é ✓ ｜"}}],
-    ),
-]
+        },
+        {"name": "g", "arguments": {}},
+    ],
+)
 
 DSML = "｜DSML｜"
 
@@ -746,162 +670,6 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
         self.assertEqual(json.dumps(messages), before)
 
 
-class TestDeepseekV4ToolParser(unittest.TestCase):
-
-    def parse(self, text):
-        calls = tool_parser.parse_tool_call(text, TOOLS)
-        return calls if isinstance(calls, list) else [calls]
-
-    def test_markers(self):
-        # The block starts after a blank line and runs to the end of the reply.
-        self.assertEqual(tool_parser.tool_call_start, f"\n\n<{DSML}tool_calls>")
-        self.assertEqual(tool_parser.tool_call_end, "")
-
-    def test_completions_parse_as_deepseeks_parser(self):
-        for name, text, expected in PARSE_CASES:
-            with self.subTest(name):
-                self.assertEqual(self.parse(text), expected)
-                # With the start marker, or a newline before the end.
-                self.assertEqual(self.parse(text + "\n"), expected)
-                text = tool_parser.tool_call_start + text
-                self.assertEqual(self.parse(text), expected)
-
-    def test_a_second_block_adds_its_calls(self):
-        first, second = PARSE_CASES[0], PARSE_CASES[3]
-        text = first[1] + tool_parser.tool_call_start + second[1]
-        self.assertEqual(self.parse(text), first[2] + second[2])
-
-    def test_one_call_is_a_dict_several_a_list(self):
-        self.assertIsInstance(tool_parser.parse_tool_call(PARSE_CASES[0][1]), dict)
-        self.assertIsInstance(tool_parser.parse_tool_call(PARSE_CASES[3][1]), list)
-
-    def test_ascii_bar_markers(self):
-        for name, text, expected in PARSE_CASES[:5]:
-            for marker in ("|DSML|", "｜DSML|", "|DSML｜"):
-                with self.subTest(name, marker=marker):
-                    self.assertEqual(self.parse(text.replace(DSML, marker)), expected)
-
-    def test_a_parameter_ends_at_the_next_parameter(self):
-        text, expected = PARSE_CASES[0][1], PARSE_CASES[0][2]
-        # No parameter closed: each ends where the next one (or the invoke's
-        # closing tag) starts.
-        self.assertEqual(self.parse(text.replace(f"</{DSML}parameter>", "")), expected)
-        last = f'{{"lang": "fr"}}</{DSML}parameter>'
-        self.assertEqual(self.parse(text.replace(last, '{"lang": "fr"}')), expected)
-        # With a later closing tag, DeepSeek's parser runs the value to it.
-        (call,) = self.parse(text.replace(f"Paris</{DSML}parameter>", "Paris", 1))
-        self.assertEqual(
-            call["arguments"]["city"],
-            f'Paris\n<{DSML}parameter name="days" string="false">2',
-        )
-
-    def test_a_string_value_that_looks_like_a_number_stays_a_string(self):
-        (call,) = self.parse(PARSE_CASES[1][1])
-        self.assertEqual(call["arguments"], {"code": "42", "n": 42})
-
-    def test_truncated_closing_markers(self):
-        text, expected = PARSE_CASES[0][1], PARSE_CASES[0][2]
-        for end in (f"</{DSML}tool_calls>", f"</{DSML}invoke>\n</{DSML}tool_calls>"):
-            body = text[: text.rindex(end)]
-            for cut in range(len(end)):
-                with self.subTest(text=end[:cut]):
-                    self.assertEqual(self.parse(body + end[:cut]), expected)
-        body = text[: text.rindex(f"</{DSML}parameter>")]
-        for cut in range(len(f"</{DSML}parameter>")):
-            with self.subTest(text=f"</{DSML}parameter>"[:cut]):
-                self.assertEqual(
-                    self.parse(body + f"</{DSML}parameter>"[:cut]), expected
-                )
-
-    def test_unclosed_invoke_is_followed_by_the_next_one(self):
-        text = PARSE_CASES[3][1].replace(f"</{DSML}invoke>\n", "", 1)
-        self.assertEqual(self.parse(text), PARSE_CASES[3][2])
-
-    def test_text_it_cannot_read_raises_and_is_not_half_parsed(self):
-        one = PARSE_CASES[0][1]
-        several = PARSE_CASES[3][1]
-        bad = [
-            "Just text.",
-            "",
-            several.replace(
-                f"</{DSML}invoke>\n<{DSML}invoke",
-                f"</{DSML}invoke>\nand then\n<{DSML}invoke",
-                1,
-            ),
-            one + "\nThat is all.",
-            one.replace(f'<{DSML}invoke name="get_weather">', f"<{DSML}invoke>"),
-            one.replace(
-                f"</{DSML}parameter>\n<{DSML}parameter",
-                f"</{DSML}parameter>\nnoise<{DSML}parameter",
-                1,
-            ),
-            f'\n<{DSML}parameter name="a" string="true">x</{DSML}parameter>\n</{DSML}tool_calls>',
-        ]
-        for text in bad:
-            with self.subTest(text=text[:60]):
-                with self.assertRaises(ValueError):
-                    tool_parser.parse_tool_call(text)
-
-    def test_rendered_calls_parse_back(self):
-        arguments = {"a": "x\ny", "b": [1, 2], "c": {"d": False}, "e": 3.5, "f": "7"}
-        calls = [{"name": "f", "arguments": arguments}, {"name": "g", "arguments": {}}]
-        text = render_tool_calls([{"function": c} for c in calls])
-        self.assertEqual(self.parse(text), calls)
-
-    def tool_text(self, reply):
-        """The reply split where the server's tool state starts."""
-        i = reply.find(f"<{DSML}")
-        i -= 2 * reply[:i].endswith("\n\n")
-        return reply[:i], reply[i:]
-
-    def test_damaged_calls_are_recovered(self):
-        for name, reply, content, calls in DAMAGED_CASES:
-            with self.subTest(name):
-                head, text = self.tool_text(reply)
-                parsed = tool_parser.parse_tool_call(text, TOOLS)
-                parsed = parsed if isinstance(parsed, list) else [parsed]
-                texts = [p for p in parsed if isinstance(p, str)]
-                self.assertEqual(head + "".join(texts), content)
-                self.assertEqual([p for p in parsed if isinstance(p, dict)], calls)
-
-    def test_dsml_that_is_not_a_call_raises(self):
-        for name, reply in NOT_CALLS:
-            with self.subTest(name):
-                with self.assertRaises(ValueError):
-                    tool_parser.parse_tool_call(self.tool_text(reply)[1], TOOLS)
-
-    def test_recovered_calls_need_declared_tools(self):
-        # A well-formed block needs no tools; a damaged one does.
-        self.assertEqual(self.parse(block(invoke("Seoul"))), SEOUL)
-        for tools in (None, [], [TIME]):
-            with self.subTest(tools=tools):
-                self.assertEqual(
-                    tool_parser.parse_tool_call(block(invoke("Seoul")), tools),
-                    SEOUL[0],
-                )
-                for damaged in (
-                    invoke("Seoul"),
-                    block(invoke("Seoul"), f"<{DSML}tool>"),
-                ):
-                    with self.assertRaises(ValueError):
-                        tool_parser.parse_tool_call(damaged, tools)
-
-
-class TestServerToolText(unittest.TestCase):
-
-    def test_tool_text_that_does_not_parse_stays_as_content(self):
-        markers = (tool_parser.tool_call_start, tool_parser.tool_call_end)
-        formatter = ToolCallFormatter(tool_parser.parse_tool_call, None, False, markers)
-        good = render_tool_calls([{"function": {"name": "f", "arguments": {"x": "1"}}}])
-        good = good.removeprefix(tool_parser.tool_call_start)
-        calls = formatter([good, "garbage"])
-        self.assertEqual([c["function"]["name"] for c in calls], ["f"])
-        self.assertEqual(
-            formatter.take_unparsed(), tool_parser.tool_call_start + "garbage"
-        )
-        self.assertEqual(formatter.take_unparsed(), "")
-
-
 class TestDeepseekV4ChatLoad(unittest.TestCase):
 
     @classmethod
@@ -984,20 +752,20 @@ class TestDeepseekV4ChatLoad(unittest.TestCase):
 
     def test_streamed_tool_calls_in_any_chunking(self):
         # As the server splits the stream: the block runs to the end.
-        for name, block, expected in PARSE_CASES:
-            output = "Let me check." + tool_parser.tool_call_start + block
-            for size in (1, 5, len(output)):
-                with self.subTest(name, size=size):
-                    chunks = [output[i : i + size] for i in range(0, len(output), size)]
-                    text, tool_text = self.split(chunks)
-                    self.assertEqual(text, "Let me check.")
-                    calls = tool_parser.parse_tool_call(tool_text, TOOLS)
-                    calls = calls if isinstance(calls, list) else [calls]
-                    self.assertEqual(calls, expected)
+        block, expected = STREAMED
+        output = "Let me check." + tool_parser.tool_call_start + block
+        for size in (1, 5, len(output)):
+            with self.subTest(size=size):
+                chunks = [output[i : i + size] for i in range(0, len(output), size)]
+                text, tool_text = self.split(chunks)
+                self.assertEqual(text, "Let me check.")
+                self.assertEqual(
+                    tool_parser.parse_tool_call(tool_text, TOOLS), expected
+                )
 
     def test_streamed_tokens_reach_the_parser(self):
         tokenizer = self.tokenizer
-        name, block, expected = PARSE_CASES[7]
+        block, expected = STREAMED
         output = "Let me check." + tool_parser.tool_call_start + block
         detokenizer = tokenizer.detokenizer
         chunks = []

@@ -20,7 +20,6 @@ from mlx_lm.models.cache import (
     LRUPromptCache,
     load_prompt_cache,
     make_prompt_cache,
-    save_prompt_cache,
     trim_prompt_cache,
 )
 
@@ -92,50 +91,6 @@ class TestDeepseekV4Trim(unittest.TestCase):
 
     def test_trimmed_tokens_decode_as_if_never_decoded_batched(self):
         self.check_trims_are_exact(batched=True)
-
-    def test_trim_past_the_history_trims_nothing(self):
-        model = self.model
-        for batched in (False, True):
-            with self.subTest(batched=batched):
-                tokens = self.tokens[: 2 if batched else 1]
-                cache = self.prefilled(batched)
-                decode(model, cache, tokens[:, :40])
-                sizes = [c.size() for c in cache]
-                self.assertTrue(all(c.is_trimmable() for c in cache))
-                self.assertEqual(trim_prompt_cache(cache, TRIM_HISTORY + 1), 0)
-                self.assertEqual([c.size() for c in cache], sizes)
-
-                # Trims add up until the tokens are decoded again.
-                self.assertEqual(trim_prompt_cache(cache, 20), 20)
-                self.assertEqual(trim_prompt_cache(cache, TRIM_HISTORY - 19), 0)
-                self.assertEqual(trim_prompt_cache(cache, TRIM_HISTORY - 20), 12)
-                decode(model, cache, tokens[:, 8:20])
-                self.assertEqual(trim_prompt_cache(cache, 13), 0)
-                self.assertEqual(trim_prompt_cache(cache, 12), 12)
-                decode(model, cache, tokens[:, 8:40])
-                self.assertEqual(trim_prompt_cache(cache, TRIM_HISTORY), 32)
-                self.assertEqual([c.size() for c in cache], [s - 32 for s in sizes])
-
-    def test_saved_cache_keeps_what_it_can_trim(self):
-        for batched in (False, True):
-            with self.subTest(batched=batched):
-                cache = self.prefilled(batched)
-                decode(self.model, cache, self.tokens[: 2 if batched else 1, :20])
-                self.assertEqual(trim_prompt_cache(cache, 20), 20)
-                with tempfile.TemporaryDirectory() as d:
-                    save_prompt_cache(f"{d}/c.safetensors", cache)
-                    loaded = load_prompt_cache(f"{d}/c.safetensors")
-                self.assertEqual([c.size() for c in loaded], [c.size() for c in cache])
-                self.assertEqual(trim_prompt_cache(loaded, 13), 0)
-                self.assertEqual(trim_prompt_cache(loaded, 12), 12)
-
-    def test_history_is_counted_in_nbytes(self):
-        cache = self.prefilled(batched=False)
-        window = cache[0].window
-        self.assertEqual(window.kv.shape[1], 32 + TRIM_HISTORY + 1)
-        self.assertEqual(cache[0].nbytes, window.kv.nbytes)
-        compressor = cache[1].compressor
-        self.assertEqual(compressor.kv.shape[1], 8 + TRIM_HISTORY + 1)
 
 
 class TestDeepseekV4SpeculativeAndPromptCache(unittest.TestCase):
