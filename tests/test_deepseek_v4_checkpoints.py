@@ -91,6 +91,7 @@ _RELEASE_NAMES = (
     (r"^model\.embed_tokens\.", "embed."),
     (r"^lm_head\.", "head."),
     (r"^model\.hc_head\.", "hc_head_"),
+    (r"^(mtp\.\d+)\.hc_head\.", r"\1.hc_head_"),
     (r"^model\.", ""),
     (r"\.(attn|ffn)_hc\.", r".hc_\1_"),
     (r"\.e_score_correction_bias$", ".bias"),
@@ -109,7 +110,9 @@ _TRANSFORMERS_NAMES = (
     (r"\.w2\.", ".down_proj."),
     (r"\.w3\.", ".up_proj."),
 )
-_FP8 = re.compile(r".*\.(attn\.w\w+|indexer\.wq_b|shared_experts\.w\d)\.weight")
+_FP8 = re.compile(
+    r".*\.(attn\.w\w+|indexer\.wq_b|shared_experts\.w\d|[eh]_proj)\.weight"
+)
 _FP4_VALUES = (0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6)
 _FLOAT32 = re.compile(r".*(hc_|ape|attn_sink|\.bias$)")
 
@@ -205,9 +208,6 @@ def _release_tensors(weights, expert_dtype="fp4"):
             tensors[key] = array
         else:
             tensors[key] = array.to(torch.bfloat16)
-    # The MTP block, dropped at load.
-    tensors["mtp.0.emb.tok_emb.weight"] = torch.zeros(4, 4, dtype=torch.bfloat16)
-    tensors["mtp.0.attn.wq_a.scale"] = torch.ones(1, 1).to(torch.float8_e8m0fnu)
     return tensors
 
 
@@ -331,8 +331,11 @@ class TestReleasedFormat(unittest.TestCase):
         expected, _ = load_model(reference)
 
         modes = _quantized_layers(model)
-        for layer in range(CONFIG["num_hidden_layers"]):
-            prefix = f"model.layers.{layer}"
+        # The MTP block is fp8 as the layers are, its projections too.
+        for name in ("e_proj", "h_proj"):
+            self.assertEqual(modes.pop(f"mtp.0.{name}"), "mxfp8")
+        layers = [f"model.layers.{i}" for i in range(CONFIG["num_hidden_layers"])]
+        for layer, prefix in enumerate(layers + ["mtp.0"]):
             names = ["wq_a", "wq_b", "wkv", "wo_a", "wo_b"]
             for name in names:
                 self.assertEqual(modes.pop(f"{prefix}.attn.{name}"), "mxfp8")

@@ -1,5 +1,6 @@
 # Copyright © 2026 Apple Inc.
 
+import copy
 import math
 import re
 from dataclasses import dataclass, fields
@@ -82,6 +83,8 @@ class ModelArgs(BaseModelArgs):
     rope_scaling: Optional[Dict[str, Any]] = None
     rope_parameters: Optional[Dict[str, Any]] = None
     max_position_embeddings: int = 1048576
+    # MTP blocks (`mtp.*`), for speculative decoding; 0 skips them at load.
+    num_nextn_predict_layers: int = 0
     # DeepSeek's schema
     compress_ratios: Optional[List[int]] = None
     num_hash_layers: Optional[int] = None
@@ -195,6 +198,7 @@ class ModelArgs(BaseModelArgs):
 # float above 0.
 _MAY_BE_ZERO = (
     "qk_rope_head_dim",
+    "num_nextn_predict_layers",
     "n_shared_experts",
     "num_hash_layers",
     "swiglu_limit",
@@ -653,6 +657,42 @@ class HyperHead(nn.Module):
         return _collapse(h, pre)
 
 
+def _mtp_args(args: ModelArgs, layer_idx: int) -> ModelArgs:
+    """The args of MTP block ``layer_idx`` (after the model's layers): its
+    attention from DeepSeek's `compress_ratios` entry (none: window only),
+    its experts routed, not hashed."""
+    ratios = args.compress_ratios or ()
+    ratio = ratios[layer_idx] if layer_idx < len(ratios) else 0
+    extra = layer_idx + 1 - len(args.layer_types)
+    mtp_args = copy.copy(args)
+    kind = SLIDING if not ratio else CSA if ratio == 4 else HCA
+    mtp_args.layer_types = args.layer_types + [kind] * extra
+    mtp_args.mlp_layer_types = args.mlp_layer_types + ["moe"] * extra
+    return mtp_args
+
+
+class MTPBlock(DecoderLayer):
+    """DeepSeek's multi-token prediction block: a decoder layer over the
+    target's last streams and the next token's embedding, with its own head
+    mix and norm before the target's head."""
+
+    def __init__(self, args: ModelArgs, layer_idx: int):
+        super().__init__(_mtp_args(args, layer_idx), layer_idx)
+        dims, eps = args.hidden_size, args.rms_norm_eps
+        self.enorm = RMSNorm(dims, eps=eps)
+        self.hnorm = RMSNorm(dims, eps=eps)
+        self.e_proj = nn.Linear(dims, dims, bias=False)
+        self.h_proj = nn.Linear(dims, dims, bias=False)
+        self.hc_head = HyperHead(args)
+        self.norm = RMSNorm(dims, eps=eps)
+
+    def __call__(self, h, embeds, input_ids, cache, rows):
+        # The embedding goes into every stream of the target's.
+        e = self.e_proj(self.enorm(embeds))[:, :, None]
+        h = super().__call__(e + self.h_proj(self.hnorm(h)), input_ids, cache, rows)
+        return self.norm(self.hc_head(h)), h
+
+
 def _cache_arrays(cache: List[WindowCompressorCache]) -> List[mx.array]:
     return [a for c in cache for a in c.cache_arrays()]
 
@@ -667,7 +707,10 @@ class DeepseekV4Model(PipelineMixin, nn.Module):
         self.norm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
     def __call__(
-        self, inputs: mx.array, cache: List[WindowCompressorCache]
+        self,
+        inputs: mx.array,
+        cache: List[WindowCompressorCache],
+        return_hidden: bool = False,
     ) -> mx.array:
         h = self.embed_tokens(inputs)
         batch, length, dims = h.shape
@@ -686,7 +729,9 @@ class DeepseekV4Model(PipelineMixin, nn.Module):
         out = self.norm(self.hc_head(h))
         # Evaluating the output also materializes every cache array, so no
         # cache field keeps a growing lazy graph, without a host sync.
-        return mx.depends(out, _cache_arrays(cache))
+        out = mx.depends(out, _cache_arrays(cache))
+        # The last layer's streams feed the MTP block.
+        return (out, h) if return_hidden else out
 
 
 # Checkpoint names (DeepSeek's release, transformers' save_pretrained, early
@@ -694,6 +739,8 @@ class DeepseekV4Model(PipelineMixin, nn.Module):
 _RENAMES = tuple(
     (re.compile(old), new)
     for old, new in (
+        (r"^model\.mtp\.", "mtp."),
+        (r"^mtp\.(\d+)\.hc_head_(fn|base|scale)$", r"mtp.\1.hc_head.\2"),
         (r"^(model\.)?embed\.", "model.embed_tokens."),
         (r"^(model\.)?head\.", "lm_head."),
         (r"^(norm|layers)\.", r"model.\1."),
@@ -711,6 +758,8 @@ _RENAMES = tuple(
 _EXPERT_KEY = re.compile(r"(.+\.ffn)\.experts\.(\d+)\.(\w+)\.(\w+)")
 _WO_A_KEY = re.compile(r"(.+\.attn\.wo_a)\.(\d+)\.(\w+)")
 _MTP_KEY = re.compile(r"(^|\.)mtp\.")
+# DeepSeek-V4's MTP block, not another kind of drafter (V4.1's DSpark).
+_MTP_BLOCK_KEY = re.compile(r"(^|\.)mtp\.0\.enorm\.weight$")
 
 
 class Model(nn.Module):
@@ -720,13 +769,38 @@ class Model(nn.Module):
         self.model_type = args.model_type
         self.model = DeepseekV4Model(args)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
+        n = args.num_hidden_layers
+        self.mtp = [MTPBlock(args, n + i) for i in range(args.num_nextn_predict_layers)]
 
     def __call__(
-        self, inputs: mx.array, cache: Optional[List[WindowCompressorCache]] = None
+        self,
+        inputs: mx.array,
+        cache: Optional[List[WindowCompressorCache]] = None,
+        return_hidden: bool = False,
     ) -> mx.array:
+        """The logits, and with ``return_hidden`` the last layer's streams
+        [B, L, hc, D] that ``mtp_draft`` takes."""
         if cache is None:
             cache = self.make_cache()
-        return self.lm_head(self.model(inputs, cache))
+        out = self.model(inputs, cache, return_hidden)
+        if return_hidden:
+            return self.lm_head(out[0]), out[1]
+        return self.lm_head(out)
+
+    def make_mtp_cache(self) -> List[WindowCompressorCache]:
+        return [self._layer_cache(self.mtp[0].attn.kind)] if self.mtp else []
+
+    def mtp_draft(
+        self, hidden: mx.array, inputs: mx.array, cache: List[WindowCompressorCache]
+    ):
+        """The MTP block's logits for the tokens after ``inputs`` [B, L],
+        given the target's streams ``hidden`` at the positions before them;
+        and the block's streams, the ``hidden`` of its next step."""
+        block = self.mtp[0]
+        rows = cache[0].make_mask(inputs.shape[1], inputs.shape[0])
+        embeds = self.model.embed_tokens(inputs)
+        out, h = block(hidden, embeds, inputs, cache[0], rows)
+        return self.lm_head(mx.depends(out, _cache_arrays(cache))), h
 
     @property
     def layers(self):
@@ -738,24 +812,17 @@ class Model(nn.Module):
         return self
 
     def make_cache(self) -> List[WindowCompressorCache]:
-        caches = []
-        for layer in self.layers:
-            kind = layer.attn.kind
-            ratio = self.args.compress_rates.get(kind)
-            caches.append(
-                WindowCompressorCache(
-                    SharedWindowCache(self.args.sliding_window),
-                    compressor=(
-                        CompressorCache(ratio, overlap=kind == CSA)
-                        if kind != SLIDING
-                        else None
-                    ),
-                    indexer=(
-                        CompressorCache(ratio, overlap=True) if kind == CSA else None
-                    ),
-                )
-            )
-        return caches
+        return [self._layer_cache(layer.attn.kind) for layer in self.layers]
+
+    def _layer_cache(self, kind: str) -> WindowCompressorCache:
+        ratio = self.args.compress_rates.get(kind)
+        return WindowCompressorCache(
+            SharedWindowCache(self.args.sliding_window),
+            compressor=(
+                CompressorCache(ratio, overlap=kind == CSA) if kind != SLIDING else None
+            ),
+            indexer=CompressorCache(ratio, overlap=True) if kind == CSA else None,
+        )
 
     def shard(self, group: Optional[mx.distributed.Group] = None) -> None:
         """Split attention heads, by whole output groups, and the hidden units
@@ -782,7 +849,7 @@ class Model(nn.Module):
                 return attn_axes.get(parts[1])
             return ffn_axes.get(parts[-2]) if parts[0] == "ffn" else None
 
-        for layer in self.layers:
+        for layer in [*self.layers, *self.mtp]:
             attn = layer.attn
             # The projections into and out of the heads communicate.
             attn.wq_b = shard_linear(attn.wq_b, "all-to-sharded", group=group)
@@ -798,11 +865,12 @@ class Model(nn.Module):
         DeepSeek's fp8 and fp4 weights packed (mxfp8 and mxfp4 scales)."""
         args = self.args
         block = (args.quantization_config or {}).get("weight_block_size", (128, 128))
+        mtp = self._keep_mtp(weights)
         params = tree_flatten(self.parameters(), destination={})
         clean, parts, problems = {}, {}, {}
         for key, value in weights.items():
             # The MTP block is only used for speculative decoding.
-            if _MTP_KEY.search(key):
+            if _MTP_KEY.search(key) and not mtp:
                 continue
             name = key
             for old, new in _RENAMES:
@@ -865,6 +933,18 @@ class Model(nn.Module):
                 + "\n".join(f"  {k}: {why}" for k, why in sorted(problems.items()))
             )
         return out
+
+    def _keep_mtp(self, weights: Dict[str, mx.array]) -> bool:
+        """Whether the MTP blocks load; they are dropped where the checkpoint
+        has no DeepSeek-V4 MTP block."""
+        if self.mtp and not any(_MTP_BLOCK_KEY.search(k) for k in weights):
+            if any(_MTP_KEY.search(k) for k in weights):
+                print(
+                    "[WARNING] The checkpoint's mtp.* weights are not a "
+                    "DeepSeek-V4 MTP block (no mtp.0.enorm): loading without MTP."
+                )
+            self.mtp = []
+        return bool(self.mtp)
 
     @property
     def cast_predicate(self) -> Callable[[str], bool]:

@@ -1,0 +1,298 @@
+# Copyright © 2026 Apple Inc.
+
+import contextlib
+import io
+import re
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+from mlx_lm.generate import generate_step, speculative_generate_step, stream_generate
+from mlx_lm.sample_utils import make_sampler
+from mlx_lm.utils import load, load_model, quantize_model, save_config, save_model
+from test_deepseek_v4 import TINY_CONFIG, make_tiny_model, make_tiny_model_folder
+
+from mlx_lm.models import deepseek_v4
+
+MTP_CONFIG = {**TINY_CONFIG, "num_nextn_predict_layers": 1}
+PROMPT = mx.array([5, 17, 33, 2, 61, 40, 7, 7, 12, 50, 3, 28, 44, 19, 8] * 3)
+
+# DeepSeek's release names of the MTP block, from this model's.
+_RELEASE_NAMES = (
+    (r"\.hc_head\.", ".hc_head_"),
+    (r"\.(attn|ffn)_hc\.", r".hc_\1_"),
+    (r"\.e_score_correction_bias$", ".bias"),
+    (r"\.gate_proj\.", ".w1."),
+    (r"\.down_proj\.", ".w2."),
+    (r"\.up_proj\.", ".w3."),
+)
+
+
+def release_mtp_weights(model):
+    """The model's MTP block under DeepSeek's names, one tensor per expert."""
+    out = {}
+    for name, value in tree_flatten(model.parameters()):
+        if not name.startswith("mtp."):
+            continue
+        for old, new in _RELEASE_NAMES:
+            name = re.sub(old, new, name)
+        if ".switch_mlp." in name:
+            for e in range(value.shape[0]):
+                out[name.replace(".switch_mlp.", f".experts.{e}.")] = value[e]
+        else:
+            out[name] = value
+    return out
+
+
+def target_weights(model):
+    return {k: v for k, v in tree_flatten(model.parameters()) if "mtp." not in k}
+
+
+def loaded(config, weights):
+    model = deepseek_v4.Model(deepseek_v4.ModelArgs.from_dict(config))
+    model.load_weights(list(model.sanitize(weights).items()))
+    return model
+
+
+class TestMTPWeights(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.model = make_tiny_model(MTP_CONFIG)
+
+    def test_released_names_load_into_the_block(self):
+        weights = {**target_weights(self.model), **release_mtp_weights(self.model)}
+        self.assertIn("mtp.0.hc_head_fn", weights)
+        self.assertIn("mtp.0.ffn.experts.7.w2.weight", weights)
+        model = loaded(MTP_CONFIG, weights)
+        expected = dict(tree_flatten(self.model.parameters()))
+        got = dict(tree_flatten(model.parameters()))
+        self.assertEqual(set(got), set(expected))
+        for name, value in got.items():
+            self.assertTrue(mx.array_equal(value, expected[name]), name)
+        # The block is a DeepSeek-V4 layer: routed (not hashed) experts, and
+        # its attention from the last `compress_ratios` entry.
+        self.assertIn("mtp.0.ffn.gate.e_score_correction_bias", got)
+        self.assertNotIn("mtp.0.ffn.gate.tid2eid", got)
+        self.assertEqual(model.mtp[0].attn.kind, deepseek_v4.SLIDING)
+        config = {**MTP_CONFIG, "layer_types": None}
+        config["compress_ratios"] = [0, 4, 16, 4, 16]
+        model = deepseek_v4.Model(deepseek_v4.ModelArgs.from_dict(config))
+        self.assertEqual(model.mtp[0].attn.kind, deepseek_v4.HCA)
+        self.assertEqual(len(model.layers), 4)
+
+    def test_counted_in_the_model_memory(self):
+        def nbytes(model):
+            return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
+
+        plain = make_tiny_model(TINY_CONFIG)
+        block = sum(
+            v.nbytes
+            for k, v in tree_flatten(self.model.parameters())
+            if k.startswith("mtp.0.")
+        )
+        self.assertGreater(block, 0)
+        self.assertEqual(nbytes(self.model), nbytes(plain) + block)
+
+    def test_skipped_where_absent_or_not_asked_for(self):
+        weights = target_weights(self.model)
+        # A checkpoint without the block (transformers' save_pretrained
+        # drops it).
+        model = loaded(MTP_CONFIG, weights)
+        self.assertEqual(model.mtp, [])
+        self.assertEqual(model.make_mtp_cache(), [])
+        # The user asks for none: the block's weights are not loaded.
+        with_block = {**weights, **release_mtp_weights(self.model)}
+        model = loaded({**MTP_CONFIG, "num_nextn_predict_layers": 0}, with_block)
+        self.assertEqual(model.mtp, [])
+        # Another kind of drafter under mtp.* (V4.1's) loads without it, and
+        # says so in one line.
+        other = {**weights, "mtp.0.blocks.0.attn.wq.weight": mx.zeros((4, 4))}
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            model = loaded(MTP_CONFIG, other)
+        self.assertEqual(model.mtp, [])
+        self.assertEqual(len(out.getvalue().strip().splitlines()), 1)
+        self.assertIn("not a DeepSeek-V4 MTP block", out.getvalue())
+
+    def test_quantized_with_the_model_and_saved(self):
+        model = make_tiny_model(MTP_CONFIG)
+        config = dict(MTP_CONFIG)
+        model, config = quantize_model(model, config, 32, 8)
+        self.assertEqual(model.mtp[0].e_proj.bits, 8)
+        self.assertEqual(model.mtp[0].ffn.switch_mlp.gate_proj.bits, 8)
+        with tempfile.TemporaryDirectory() as tmp:
+            save_model(tmp, model)
+            save_config(config, Path(tmp) / "config.json")
+            again, _ = load_model(Path(tmp))
+        self.assertEqual(again.mtp[0].e_proj.bits, 8)
+        cache, again_cache = model.make_cache(), again.make_cache()
+        logits, h = model(PROMPT[None], cache, return_hidden=True)
+        out = model.mtp_draft(h, PROMPT[None], model.make_mtp_cache())[0]
+        logits, h = again(PROMPT[None], again_cache, return_hidden=True)
+        ref = again.mtp_draft(h, PROMPT[None], again.make_mtp_cache())[0]
+        self.assertTrue(mx.array_equal(out, ref))
+
+
+def plain(model, prompt, max_tokens, **kwargs):
+    steps = generate_step(prompt, model, max_tokens=max_tokens, **kwargs)
+    return [(t, lp) for t, lp in steps]
+
+
+class TestMTPSpeculative(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.model = make_tiny_model(MTP_CONFIG)
+        cls.expected = plain(cls.model, PROMPT, 40)
+
+    def spec(self, model, max_tokens=40, **kwargs):
+        kwargs.setdefault("prefill_step_size", 16)
+        steps = speculative_generate_step(
+            PROMPT, model, mtp=True, max_tokens=max_tokens, **kwargs
+        )
+        return list(steps)
+
+    def assert_plain(self, steps):
+        self.assertEqual([s[0] for s in steps], [t for t, _ in self.expected])
+        for (_, logprobs, _), (_, expected) in zip(steps, self.expected):
+            self.assertTrue(mx.allclose(logprobs, expected, atol=1e-5))
+
+    def test_greedy_tokens_and_logprobs_equal_plain_decoding(self):
+        for k in (1, 2, 4):
+            with self.subTest(num_draft_tokens=k):
+                self.assert_plain(self.spec(self.model, num_draft_tokens=k))
+
+    def test_accepted_drafts_and_exact_block_inputs(self):
+        # The target's streams of the whole sequence, and the block's logits
+        # at each position from one forward over them: what each draft's
+        # first step must give, whatever was accepted and trimmed before.
+        tokens = mx.concatenate([PROMPT, mx.array([t for t, _ in self.expected])])
+        _, hidden = self.model(tokens[None, :-1], return_hidden=True)
+        mtp_cache = self.model.make_mtp_cache()
+        reference = self.model.mtp_draft(hidden, tokens[None, 1:], mtp_cache)[0][0]
+        mx.eval(reference)
+
+        # A block that drafts the plain decoding's tokens, but wrongly after
+        # every fifth position, so rounds accept all, some or none.
+        model, checked = self.model, []
+
+        class Oracle:
+            def __getattr__(self, name):
+                return getattr(model, name)
+
+            def __call__(self, *args, **kwargs):
+                return model(*args, **kwargs)
+
+            def mtp_draft(self, h, inputs, cache):
+                start, length = cache[0].offset, inputs.shape[1]
+                target = hidden[:, start : start + length]
+                logits, out = model.mtp_draft(h, inputs, cache)
+                if target.shape == h.shape and mx.allclose(h, target, atol=1e-3).item():
+                    # From the target's streams: as in one forward.
+                    ref = reference[start : start + length]
+                    checked.append(mx.allclose(logits[0], ref, atol=1e-4).item())
+                pos = start + length - 1
+                if pos + 2 < tokens.size:
+                    right = tokens[pos + 2].item()
+                    guess = right if pos % 5 else (right + 1) % 300
+                    logits = mx.where(mx.arange(300) == guess, 10.0, -10.0)
+                return logits[None, None] if logits.ndim == 1 else logits, out
+
+        steps = self.spec(Oracle(), num_draft_tokens=3)
+        self.assert_plain(steps)
+        # The prompt's chunks and the first step of every round.
+        self.assertGreater(len(checked), 15)
+        self.assertTrue(all(checked))
+        drafted = sum(s[2] for s in steps)
+        self.assertGreater(drafted, 20)
+        self.assertLess(drafted, 40)
+
+    def test_sampled_tokens_follow_the_target_distribution(self):
+        # A vocabulary of 8: the second token (drafted or not) against its
+        # exact marginal sum_a p(a) p(b | a).
+        config = {**MTP_CONFIG, "vocab_size": 8}
+        model = make_tiny_model(config, seed=3)
+        prompt = PROMPT[:5] % 8
+        first = mx.softmax(model(prompt[None])[0, -1])
+        seconds = model(
+            mx.concatenate([mx.tile(prompt, (8, 1)), mx.arange(8)[:, None]], 1)
+        )
+        expected = first @ mx.softmax(seconds[:, -1], axis=-1)
+        sampler = make_sampler(temp=1.0)
+        mx.random.seed(5)
+        runs, counts, drafted = 600, [0] * 8, 0
+        for _ in range(runs):
+            steps = speculative_generate_step(
+                prompt,
+                model,
+                mtp=True,
+                num_draft_tokens=2,
+                max_tokens=2,
+                sampler=sampler,
+            )
+            steps = list(steps)
+            counts[steps[1][0]] += 1
+            drafted += steps[1][2]
+        expected = (expected * runs).tolist()
+        chi2 = sum((c - e) ** 2 / e for c, e in zip(counts, expected))
+        # The 0.999 quantile of chi-square with 7 degrees of freedom.
+        self.assertLess(chi2, 24.32, (counts, expected))
+        self.assertGreater(drafted, runs // 10)
+
+    def test_options_that_cannot_apply_say_so(self):
+        no_block = make_tiny_model(TINY_CONFIG)
+        with self.assertRaisesRegex(ValueError, "no MTP block"):
+            self.spec(no_block)
+        with self.assertRaisesRegex(ValueError, "draft model"):
+            list(speculative_generate_step(PROMPT, self.model, self.model, mtp=True))
+        with self.assertRaisesRegex(ValueError, "draft model or mtp"):
+            list(speculative_generate_step(PROMPT, self.model))
+
+
+class TestMTPCommands(unittest.TestCase):
+
+    def test_stream_generate_and_the_command(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = make_tiny_model_folder(Path(tmp) / "mtp", MTP_CONFIG)
+            model, tokenizer = load(str(path))
+            self.assertEqual(len(model.mtp), 1)
+            prompt = "The quick brown fox"
+            texts = []
+            for mtp in (False, True):
+                steps = stream_generate(
+                    model, tokenizer, prompt, max_tokens=20, mtp=mtp, num_draft_tokens=3
+                )
+                texts.append("".join(r.text for r in steps))
+            self.assertEqual(texts[0], texts[1])
+
+            cmd = [sys.executable, "-m", "mlx_lm", "generate", "--model", str(path)]
+            cmd += ["--prompt", prompt, "--max-tokens", "20", "--ignore-chat-template"]
+            run = subprocess.run(
+                cmd + ["--mtp", "--num-draft-tokens", "3"],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            self.assertEqual(run.returncode, 0, run.stderr)
+            raw = tokenizer.encode(prompt, add_special_tokens=True)
+            steps = stream_generate(model, tokenizer, raw, max_tokens=20)
+            self.assertIn("".join(r.text for r in steps), run.stdout)
+
+            none = make_tiny_model_folder(Path(tmp) / "none")
+            run = subprocess.run(
+                [*cmd[:5], str(none), "--prompt", prompt, "--mtp"],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            self.assertNotEqual(run.returncode, 0)
+            self.assertIn("has no MTP block", run.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()
