@@ -301,7 +301,11 @@ class TestDeepseekV4Config(unittest.TestCase):
                 bad = ["abc", None, float("nan"), -1.0]
             else:
                 continue
-            if field.name in ("n_shared_experts", "num_hash_layers"):
+            if field.name in (
+                "n_shared_experts",
+                "num_hash_layers",
+                "num_nextn_predict_layers",
+            ):
                 bad[-1] = -1
             if field.default is None:
                 bad = [b for b in bad if b is not None]

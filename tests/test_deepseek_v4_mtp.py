@@ -15,6 +15,7 @@ from mlx_lm.generate import generate_step, speculative_generate_step, stream_gen
 from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import load, load_model, quantize_model, save_config, save_model
 from test_deepseek_v4 import TINY_CONFIG, make_tiny_model, make_tiny_model_folder
+from test_deepseek_v4_cache_graph import GRAPH_BOUND, max_cache_graph
 
 from mlx_lm.models import deepseek_v4
 
@@ -215,7 +216,8 @@ class TestMTPSpeculative(unittest.TestCase):
     def test_sampled_tokens_follow_the_target_distribution(self):
         # A vocabulary of 8: the second token (drafted or not) against its
         # exact marginal sum_a p(a) p(b | a).
-        config = {**MTP_CONFIG, "vocab_size": 8}
+        config = {**MTP_CONFIG, "vocab_size": 8, "num_hidden_layers": 1}
+        config.update(layer_types=["sliding_attention"], mlp_layer_types=["moe"])
         model = make_tiny_model(config, seed=3)
         prompt = PROMPT[:5] % 8
         first = mx.softmax(model(prompt[None])[0, -1])
@@ -242,7 +244,33 @@ class TestMTPSpeculative(unittest.TestCase):
         chi2 = sum((c - e) ** 2 / e for c, e in zip(counts, expected))
         # The 0.999 quantile of chi-square with 7 degrees of freedom.
         self.assertLess(chi2, 24.32, (counts, expected))
-        self.assertGreater(drafted, runs // 10)
+        self.assertGreater(drafted, runs // 20)
+
+    def test_cache_graphs_stay_bounded(self):
+        # A CSA and an HCA layer, and a CSA block (its `compress_ratios`
+        # entry): every pool and buffer of both caches trims and grows.
+        config = {**MTP_CONFIG, "num_hidden_layers": 2, "layer_types": None}
+        config.update(compress_ratios=[4, 16, 4], mlp_layer_types=["moe"] * 2)
+        model = make_tiny_model(config)
+        cache, mtp_cache = model.make_cache(), model.make_mtp_cache()
+        self.assertEqual(model.mtp[0].attn.kind, deepseek_v4.CSA)
+        steps = speculative_generate_step(
+            PROMPT,
+            model,
+            mtp=True,
+            num_draft_tokens=3,
+            max_tokens=1000,
+            prompt_cache=cache + mtp_cache,
+        )
+        worst = []
+        for i, _ in enumerate(steps):
+            if i % 50 == 0:
+                worst.append(max(max_cache_graph(c) for c in (cache, mtp_cache)))
+        self.assertLessEqual(max(worst), GRAPH_BOUND)
+        self.assertEqual(cache[0].offset, PROMPT.size + 999)
+        # The block has each position but the last round's with the token
+        # after it.
+        self.assertIn(cache[0].offset - mtp_cache[0].offset, range(1, 5))
 
     def test_options_that_cannot_apply_say_so(self):
         no_block = make_tiny_model(TINY_CONFIG)
