@@ -139,6 +139,34 @@ class TestMTPWeights(unittest.TestCase):
         self.assertTrue(mx.array_equal(out, ref))
 
 
+class Oracle:
+    """The model, with an MTP block that drafts the given sequence's tokens,
+    but wrongly after every fifth position, so rounds accept all, some or
+    none; ``check`` sees each call of the real block."""
+
+    def __init__(self, model, tokens, check=None):
+        self.model, self.tokens, self.check = model, tokens.tolist(), check
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+    def mtp_draft(self, h, inputs, cache):
+        start = cache[0].offset
+        logits, out = self.model.mtp_draft(h, inputs, cache)
+        if self.check is not None:
+            self.check(h, inputs, start, logits)
+        pos = start + inputs.shape[1] - 1
+        if pos + 2 < len(self.tokens):
+            right = self.tokens[pos + 2]
+            guess = right if pos % 5 else (right + 1) % logits.shape[-1]
+            logits = mx.arange(logits.shape[-1]) == guess
+            logits = mx.where(logits, 10.0, -10.0)[None, None]
+        return logits, out
+
+
 def plain(model, prompt, max_tokens, **kwargs):
     steps = generate_step(prompt, model, max_tokens=max_tokens, **kwargs)
     return [(t, lp) for t, lp in steps]
@@ -178,33 +206,17 @@ class TestMTPSpeculative(unittest.TestCase):
         reference = self.model.mtp_draft(hidden, tokens[None, 1:], mtp_cache)[0][0]
         mx.eval(reference)
 
-        # A block that drafts the plain decoding's tokens, but wrongly after
-        # every fifth position, so rounds accept all, some or none.
-        model, checked = self.model, []
+        # The block's logits where it reads the target's streams.
+        checked = []
 
-        class Oracle:
-            def __getattr__(self, name):
-                return getattr(model, name)
+        def check(h, inputs, start, logits):
+            target = hidden[:, start : start + inputs.shape[1]]
+            if target.shape == h.shape and mx.allclose(h, target, atol=1e-3).item():
+                ref = reference[start : start + inputs.shape[1]]
+                checked.append(mx.allclose(logits[0], ref, atol=1e-4).item())
 
-            def __call__(self, *args, **kwargs):
-                return model(*args, **kwargs)
-
-            def mtp_draft(self, h, inputs, cache):
-                start, length = cache[0].offset, inputs.shape[1]
-                target = hidden[:, start : start + length]
-                logits, out = model.mtp_draft(h, inputs, cache)
-                if target.shape == h.shape and mx.allclose(h, target, atol=1e-3).item():
-                    # From the target's streams: as in one forward.
-                    ref = reference[start : start + length]
-                    checked.append(mx.allclose(logits[0], ref, atol=1e-4).item())
-                pos = start + length - 1
-                if pos + 2 < tokens.size:
-                    right = tokens[pos + 2].item()
-                    guess = right if pos % 5 else (right + 1) % 300
-                    logits = mx.where(mx.arange(300) == guess, 10.0, -10.0)
-                return logits[None, None] if logits.ndim == 1 else logits, out
-
-        steps = self.spec(Oracle(), num_draft_tokens=3)
+        oracle = Oracle(self.model, tokens, check)
+        steps = self.spec(oracle, num_draft_tokens=3)
         self.assert_plain(steps)
         # The prompt's chunks and the first step of every round.
         self.assertGreater(len(checked), 15)
@@ -245,6 +257,36 @@ class TestMTPSpeculative(unittest.TestCase):
         # The 0.999 quantile of chi-square with 7 degrees of freedom.
         self.assertLess(chi2, 24.32, (counts, expected))
         self.assertGreater(drafted, runs // 20)
+
+    def test_logits_processors_see_what_they_see_with_a_draft_model(self):
+        # A processor that depends on the history it is given: MTP drafts
+        # (no processor) give what another drafter gives.
+        def penalty(tokens, logits):
+            seen = mx.zeros((300,)).at[tokens].add(1.0)
+            return logits - 3.0 * seen
+
+        def run(model, **kwargs):
+            steps = speculative_generate_step(
+                PROMPT,
+                model,
+                num_draft_tokens=3,
+                max_tokens=30,
+                logits_processors=[penalty],
+                **kwargs,
+            )
+            return [(t, d) for t, _, d in steps]
+
+        # The model drafting for itself accepts every draft.
+        expected = run(self.model, draft_model=make_tiny_model(MTP_CONFIG))
+        tokens = [t for t, _ in expected]
+        self.assertNotEqual(tokens, [t for t, _ in self.expected[:30]])
+        for model in (
+            self.model,
+            Oracle(self.model, mx.array([*PROMPT.tolist(), *tokens])),
+        ):
+            got = run(model, mtp=True)
+            self.assertEqual([t for t, _ in got], tokens)
+        self.assertGreater(sum(d for _, d in got), 10)
 
     def test_cache_graphs_stay_bounded(self):
         # A CSA and an HCA layer, and a CSA block (its `compress_ratios`
