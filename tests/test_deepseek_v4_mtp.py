@@ -11,13 +11,20 @@ from pathlib import Path
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
-from mlx_lm.generate import generate_step, speculative_generate_step, stream_generate
+from mlx_lm.generate import (
+    generate_step,
+    make_mtp_prompt_cache,
+    speculative_generate_step,
+    stream_generate,
+)
 from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import load, load_model, quantize_model, save_config, save_model
 from test_deepseek_v4 import TINY_CONFIG, make_tiny_model, make_tiny_model_folder
-from test_deepseek_v4_cache_graph import GRAPH_BOUND, max_cache_graph
+from test_deepseek_v4_cache_graph import GRAPH_BOUND, graph_edges, max_cache_graph
+from test_server_requests import ServerThread
 
 from mlx_lm.models import deepseek_v4
+from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
 MTP_CONFIG = {**TINY_CONFIG, "num_nextn_predict_layers": 1}
 PROMPT = mx.array([5, 17, 33, 2, 61, 40, 7, 7, 12, 50, 3, 28, 44, 19, 8] * 3)
@@ -167,6 +174,24 @@ class Oracle:
         return logits, out
 
 
+def block_checker(model, tokens, checked):
+    """A check for ``Oracle``: where the block reads the target's streams,
+    its logits are those of one forward over the whole sequence, whatever
+    was accepted and trimmed before."""
+    _, hidden = model(tokens[None, :-1], return_hidden=True)
+    mtp_cache = model.make_mtp_cache()
+    reference = model.mtp_draft(hidden, tokens[None, 1:], mtp_cache)[0][0]
+    mx.eval(hidden, reference)
+
+    def check(h, inputs, start, logits):
+        target = hidden[:, start : start + inputs.shape[1]]
+        if target.shape == h.shape and mx.allclose(h, target, atol=1e-3).item():
+            ref = reference[start : start + inputs.shape[1]]
+            checked.append(mx.allclose(logits[0], ref, atol=1e-4).item())
+
+    return check
+
+
 def plain(model, prompt, max_tokens, **kwargs):
     steps = generate_step(prompt, model, max_tokens=max_tokens, **kwargs)
     return [(t, lp) for t, lp in steps]
@@ -197,24 +222,9 @@ class TestMTPSpeculative(unittest.TestCase):
                 self.assert_plain(self.spec(self.model, num_draft_tokens=k))
 
     def test_accepted_drafts_and_exact_block_inputs(self):
-        # The target's streams of the whole sequence, and the block's logits
-        # at each position from one forward over them: what each draft's
-        # first step must give, whatever was accepted and trimmed before.
         tokens = mx.concatenate([PROMPT, mx.array([t for t, _ in self.expected])])
-        _, hidden = self.model(tokens[None, :-1], return_hidden=True)
-        mtp_cache = self.model.make_mtp_cache()
-        reference = self.model.mtp_draft(hidden, tokens[None, 1:], mtp_cache)[0][0]
-        mx.eval(reference)
-
-        # The block's logits where it reads the target's streams.
         checked = []
-
-        def check(h, inputs, start, logits):
-            target = hidden[:, start : start + inputs.shape[1]]
-            if target.shape == h.shape and mx.allclose(h, target, atol=1e-3).item():
-                ref = reference[start : start + inputs.shape[1]]
-                checked.append(mx.allclose(logits[0], ref, atol=1e-4).item())
-
+        check = block_checker(self.model, tokens, checked)
         oracle = Oracle(self.model, tokens, check)
         steps = self.spec(oracle, num_draft_tokens=3)
         self.assert_plain(steps)
@@ -224,6 +234,35 @@ class TestMTPSpeculative(unittest.TestCase):
         drafted = sum(s[2] for s in steps)
         self.assertGreater(drafted, 20)
         self.assertLess(drafted, 40)
+
+    def test_a_prompt_cache_continues_in_step(self):
+        model = self.model
+        cache = make_prompt_cache(model) + make_mtp_prompt_cache(model)
+        first = [t for t, *_ in self.spec(model, max_tokens=12, prompt_cache=cache)]
+        # Every token given is in the cache (as after plain decoding), the
+        # block's one position behind.
+        self.assertEqual(cache[0].size(), PROMPT.size + 12)
+        self.assertEqual(cache[-1].cache.size(), PROMPT.size + 11)
+        self.assertEqual(trim_prompt_cache(cache, 5), 5)
+        self.assertEqual(cache[-1].cache.size(), PROMPT.size + 6)
+
+        kept = mx.concatenate([PROMPT, mx.array(first[:7])])
+        rest = mx.array([9, 4, 77, 31])
+        expected = [t for t, _ in plain(model, mx.concatenate([kept, rest]), 20)]
+        tokens = mx.concatenate([kept, rest, mx.array(expected)])
+        checked = []
+        oracle = Oracle(model, tokens, block_checker(model, tokens, checked))
+        steps = speculative_generate_step(
+            rest, oracle, mtp=True, num_draft_tokens=3, prompt_cache=cache
+        )
+        steps = list(zip(range(20), steps))
+        self.assertEqual([s[0] for _, s in steps], expected)
+        self.assertGreater(sum(s[2] for _, s in steps), 5)
+        self.assertGreater(len(checked), 5)
+        self.assertTrue(all(checked))
+        # A cache the block has not followed.
+        with self.assertRaisesRegex(ValueError, "in step"):
+            list(self.spec(model, prompt_cache=make_prompt_cache(model)))
 
     def test_sampled_tokens_follow_the_target_distribution(self):
         # A vocabulary of 8: the second token (drafted or not) against its
@@ -304,7 +343,7 @@ class TestMTPSpeculative(unittest.TestCase):
         config = {**MTP_CONFIG, "num_hidden_layers": 2, "layer_types": None}
         config.update(compress_ratios=[4, 16, 4], mlp_layer_types=["moe"] * 2)
         model = make_tiny_model(config)
-        cache, mtp_cache = model.make_cache(), model.make_mtp_cache()
+        cache, mtp_cache = model.make_cache(), make_mtp_prompt_cache(model)
         self.assertEqual(model.mtp[0].attn.kind, deepseek_v4.CSA)
         steps = speculative_generate_step(
             PROMPT,
@@ -317,12 +356,13 @@ class TestMTPSpeculative(unittest.TestCase):
         worst = []
         for i, _ in enumerate(steps):
             if i % 50 == 0:
-                worst.append(max(max_cache_graph(c) for c in (cache, mtp_cache)))
+                block = [mtp_cache[0].cache]
+                worst.append(max(max_cache_graph(c) for c in (cache, block)))
+                worst.append(graph_edges(mtp_cache[0].hidden))
         self.assertLessEqual(max(worst), GRAPH_BOUND)
-        self.assertEqual(cache[0].offset, PROMPT.size + 999)
-        # The block has each position but the last round's with the token
-        # after it.
-        self.assertIn(cache[0].offset - mtp_cache[0].offset, range(1, 4))
+        # Every token given, the block one position behind.
+        self.assertEqual(cache[0].offset, PROMPT.size + 1000)
+        self.assertEqual(mtp_cache[0].cache.offset, cache[0].offset - 1)
 
     def test_options_that_cannot_apply_say_so(self):
         no_block = make_tiny_model(TINY_CONFIG)
@@ -372,6 +412,25 @@ class TestMTPCommands(unittest.TestCase):
             )
             self.assertNotEqual(run.returncode, 0)
             self.assertIn("has no MTP block", run.stderr)
+
+    def test_server_gives_the_plain_text_through_its_prompt_cache(self):
+        # The same prompt again and a longer one: the server's prompt cache
+        # hands the block's cache back in step.
+        prompts = ["The quick brown fox"] * 2 + ["The quick brown fox jumps"]
+        with tempfile.TemporaryDirectory() as tmp:
+            path = make_tiny_model_folder(Path(tmp) / "mtp", MTP_CONFIG)
+            texts = []
+            for args in ((), ("--mtp", "--num-draft-tokens", "3")):
+                thread = ServerThread(path, *args)
+                try:
+                    for prompt in prompts + prompts[:1]:
+                        body = {"prompt": prompt, "max_tokens": 16, "temperature": 0}
+                        status, answer = thread.request("POST", "/v1/completions", body)
+                        self.assertEqual(status, 200, answer)
+                        texts.append(answer["choices"][0]["text"])
+                finally:
+                    thread.close()
+        self.assertEqual(texts[:4], texts[4:])
 
 
 if __name__ == "__main__":
