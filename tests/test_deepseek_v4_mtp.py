@@ -415,12 +415,18 @@ class TestMTPCommands(unittest.TestCase):
 
     def test_server_gives_the_plain_text_through_its_prompt_cache(self):
         # The same prompt again and a longer one: the server's prompt cache
-        # hands the block's cache back in step.
+        # hands the block's cache back in step, and holds every token given
+        # (a draft model's too).
         prompts = ["The quick brown fox"] * 2 + ["The quick brown fox jumps"]
         with tempfile.TemporaryDirectory() as tmp:
             path = make_tiny_model_folder(Path(tmp) / "mtp", MTP_CONFIG)
+            draft = make_tiny_model_folder(Path(tmp) / "draft", seed=1)
             texts = []
-            for args in ((), ("--mtp", "--num-draft-tokens", "3")):
+            for args in (
+                (),
+                ("--mtp", "--num-draft-tokens", "3"),
+                ("--draft-model", str(draft)),
+            ):
                 thread = ServerThread(path, *args)
                 try:
                     for prompt in prompts + prompts[:1]:
@@ -430,7 +436,8 @@ class TestMTPCommands(unittest.TestCase):
                         texts.append(answer["choices"][0]["text"])
                 finally:
                     thread.close()
-        self.assertEqual(texts[:4], texts[4:])
+        self.assertEqual(texts[:4], texts[4:8])
+        self.assertEqual(texts[:4], texts[8:])
 
 
 if __name__ == "__main__":
