@@ -208,14 +208,14 @@ class TestForkAssembly(unittest.TestCase):
     def test_edit_of_a_file_no_pr_edits_needs_a_pr(self):
         with self.sandbox():
             fork.stage(fork.DEV_TREE, link=True)
-            rel = Path("mlx_lm/sample_utils.py")
+            rel = Path("mlx_lm/perplexity.py")
             edited = fork.DEV_TREE / rel
             edited.write_text(edited.read_text() + "\n# an edit\n")
             with self.assertRaisesRegex(fork.ForkError, "no PR edits it yet"):
                 fork.sync_patches()
             self.assertEqual(
                 fork.sync_patches("prompt-trie"),
-                ["wrote patches/prompt-trie/mlx_lm/sample_utils.py.patch"],
+                ["wrote patches/prompt-trie/mlx_lm/perplexity.py.patch"],
             )
 
     def test_dev_tree_edit_becomes_a_patch_and_back(self):
