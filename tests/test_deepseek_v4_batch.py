@@ -9,7 +9,7 @@ from test_deepseek_v4 import make_tiny_model, max_diff
 from test_deepseek_v4_cache_graph import max_cache_graph
 
 from mlx_lm.models import deepseek_v4
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import WindowCompressorCache, make_prompt_cache
 
 GRAPH_BOUND = 8
 
@@ -132,7 +132,7 @@ class TestDeepseekV4Batch(unittest.TestCase):
 
     def test_graph_check_catches_fields_left_out_of_the_hook(self):
         # Negative control: without the hook, the open windows' rows chain.
-        with mock.patch.object(deepseek_v4, "_cache_arrays", lambda cache: []):
+        with mock.patch.object(WindowCompressorCache, "cache_arrays", lambda self: []):
             _, _, worst = decode_batched(
                 self.model, self.prompts, {0: [("a", 40), ("c", 40)]}
             )

@@ -12,7 +12,7 @@ from mlx_lm.generate import generate_step
 from test_deepseek_v4 import TINY_CONFIG, make_tiny_model, random_weights
 
 from mlx_lm.models import deepseek_v4, deepseek_v41
-from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.models.cache import WindowCompressorCache, make_prompt_cache
 
 GRAPH_BOUND = 8
 
@@ -98,7 +98,7 @@ class TestDeepseekV4CacheGraph(unittest.TestCase):
         model = make_tiny_model(SMALL_CONFIG)
         cache = make_prompt_cache(model)
         prompt = mx.array([5, 6, 7])
-        with mock.patch.object(deepseek_v4, "_cache_arrays", lambda cache: []):
+        with mock.patch.object(WindowCompressorCache, "cache_arrays", lambda self: []):
             for _ in generate_step(prompt, model, max_tokens=100, prompt_cache=cache):
                 pass
             worst = max_cache_graph(cache)
