@@ -119,8 +119,8 @@ class TestForkAssembly(unittest.TestCase):
             [p.name for p in prs],
             [
                 "config-checks",
-                "deepseek-v4",
                 "chat-encoder",
+                "deepseek-v4",
                 "server-requests",
                 "server-models",
             ],
