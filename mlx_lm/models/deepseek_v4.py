@@ -681,9 +681,12 @@ class DeepseekV4Model(PipelineMixin, nn.Module):
             h = layer(h, inputs, layer_cache, rows)
         if rank > 0:
             h = mx.distributed.send(h, rank - 1)
-        if size > 1:
-            h = mx.distributed.all_gather(h)[:batch]
+            # A prefill step evaluates only the caches, which must still send.
+            cache[-1].window.kv = mx.depends(cache[-1].window.kv, h)
         out = self.norm(self.hc_head(h))
+        if size > 1:
+            # Rank 0 runs the last layers, and every rank needs their output.
+            out = mx.distributed.all_gather(out)[:batch]
         # Evaluating the output also materializes every cache array, so no
         # cache field keeps a growing lazy graph, without a host sync.
         return mx.depends(out, _cache_arrays(cache))
