@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -13,7 +14,12 @@ from pathlib import Path
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
-from test_deepseek_v4 import TINY_CONFIG, make_tiny_model, max_diff
+from test_deepseek_v4 import (
+    TINY_CONFIG,
+    make_tiny_model,
+    make_tiny_model_folder,
+    max_diff,
+)
 from test_deepseek_v4_batch import GRAPH_BOUND
 
 from mlx_lm.models import deepseek_v4
@@ -40,7 +46,12 @@ import mlx.nn as nn
 
 sys.path.insert(0, {tests!r})
 from mlx.utils import tree_flatten
-from test_deepseek_v4 import TINY_CONFIG, make_tiny_model, max_diff
+from test_deepseek_v4 import (
+    TINY_CONFIG,
+    make_tiny_model,
+    make_tiny_model_folder,
+    max_diff,
+)
 from test_deepseek_v4_batch import GRAPH_BOUND
 
 group = mx.distributed.init(strict=True, backend="ring")
@@ -180,6 +191,36 @@ for name, config in json.loads({cases!r}).items():
         "expected": {{k: v for k, v in expected.items() if not isinstance(v, mx.array)}},
         **{{k: v for k, v in got.items() if not isinstance(v, mx.array)}},
     }}
+with open({{out}}.format(group.rank()), "w") as f:
+    json.dump(results, f)
+"""
+
+
+# sharded_load with a pipeline group loads only the rank's layers of a
+# folder, and generate gives the text of the whole model.
+LOAD_SCRIPT = """
+import json
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+from mlx_lm import generate, load
+from mlx_lm.utils import sharded_load
+
+group = mx.distributed.init(strict=True, backend="ring")
+results = {{}}
+for name, kwargs in (("one", {{}}), ("pipeline", {{"pipeline_group": group}})):
+    if name == "one":
+        model, tokenizer = load({path!r})
+    else:
+        model, tokenizer = sharded_load({path!r}, **kwargs)
+    text = generate(model, tokenizer, "The quick brown fox", max_tokens={tokens})
+    results[name] = {{
+        "text": text,
+        "nbytes": sum(v.nbytes for _, v in tree_flatten(model.parameters())),
+        "layers": [i for i, l in enumerate(model.model.layers) if l is not None],
+    }}
+    del model
 with open({{out}}.format(group.rank()), "w") as f:
     json.dump(results, f)
 """
@@ -345,16 +386,14 @@ PRO_CONFIG = {
     },
 }
 
-# A tiny model of Pro's shape: two HCA layers, then CSA and HCA in turn, in
-# DeepSeek's schema (and five layers, which no rank count here splits evenly).
+# A tiny model of Pro's shape: two HCA layers, then CSA and HCA in turn (and
+# five layers, which no rank count here splits evenly).
 TINY_PRO_CONFIG = {
-    k: v
-    for k, v in TINY_CONFIG.items()
-    if k not in ("layer_types", "compress_rates", "mlp_layer_types")
+    **TINY_CONFIG,
+    "num_hidden_layers": 5,
+    "layer_types": [HCA, HCA, CSA, HCA, CSA],
+    "mlp_layer_types": ["hash_moe"] * 3 + ["moe"] * 2,
 }
-TINY_PRO_CONFIG.update(
-    num_hidden_layers=5, compress_ratios=[16, 16, 4, 16, 4, 0], num_hash_layers=3
-)
 
 # A prompt past the window (32) whose decode steps wrap it twice and close
 # 4 HCA (16) and 16 CSA (4) windows, beyond the top-k (8).
@@ -427,10 +466,9 @@ class TestDeepseekV4Pipeline(unittest.TestCase):
                 )
                 cache = model.make_cache()
                 self.assertEqual(len(cache), len(held))
-                ratios = [c.compressor.ratio if c.compressor else 0 for c in cache]
-                self.assertEqual(
-                    ratios, TINY_PRO_CONFIG["compress_ratios"][held[0] : held[-1] + 1]
-                )
+                ratios = [c.compressor.ratio for c in cache]
+                rates = TINY_PRO_CONFIG["compress_rates"]
+                self.assertEqual(ratios, [rates[kinds[i]] for i in held])
 
     def check_pipeline(self, ranks, cases):
         script = PIPELINE_SCRIPT.format(
@@ -472,6 +510,34 @@ class TestDeepseekV4Pipeline(unittest.TestCase):
 
     def test_three_ranks_split_unevenly(self):
         self.check_pipeline(3, {"pro": TINY_PRO_CONFIG})
+
+    def test_sharded_load_generates_the_same_text(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = make_tiny_model_folder(Path(tmp) / "model", TINY_PRO_CONFIG)
+            # One file per layer, as sharded checkpoints come, and their index.
+            weights = mx.load(str(path / "model.safetensors"))
+            (path / "model.safetensors").unlink()
+            files = {}
+            for key, value in weights.items():
+                match = re.search(r"\.layers\.(\d+)\.", key)
+                name = f"model-{match.group(1) if match else 'rest'}.safetensors"
+                files.setdefault(name, {})[key] = value
+            for name, tensors in files.items():
+                mx.save_safetensors(str(path / name), tensors)
+            index = {k: f for f, tensors in files.items() for k in tensors}
+            with open(path / "model.safetensors.index.json", "w") as f:
+                json.dump({"metadata": {}, "weight_map": index}, f)
+            script = LOAD_SCRIPT.format(path=str(path), tokens=PIPELINE_STEPS)
+            results = launch(self, script, 2)
+        stages = split(TINY_PRO_CONFIG["num_hidden_layers"], 2)
+        for rank, result in enumerate(results):
+            with self.subTest(rank=rank):
+                one, pipeline = result["one"], result["pipeline"]
+                self.assertEqual(one["layers"], list(range(5)))
+                self.assertEqual(pipeline["layers"], stages[rank])
+                self.assertEqual(pipeline["text"], one["text"])
+                self.assertGreater(len(one["text"]), PIPELINE_STEPS)
+                self.assertLess(pipeline["nbytes"], 0.7 * one["nbytes"])
 
 
 if __name__ == "__main__":
