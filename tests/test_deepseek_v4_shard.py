@@ -9,7 +9,10 @@ import socket
 import subprocess
 import sys
 import tempfile
+import time
 import unittest
+import urllib.error
+import urllib.request
 from pathlib import Path
 
 import mlx.core as mx
@@ -22,6 +25,7 @@ from test_deepseek_v4 import (
 )
 from test_deepseek_v4_batch import GRAPH_BOUND
 
+from mlx_lm import generate, load
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.deepseek_v4 import CSA, HCA, SLIDING
 
@@ -408,6 +412,25 @@ def split(layers, size):
     return [list(range(sum(counts[r + 1 :]), sum(counts[r:]))) for r in range(size)]
 
 
+def sharded_folder(path, config):
+    """A tiny model folder with one weights file per layer, as sharded
+    checkpoints come, and their index."""
+    path = make_tiny_model_folder(path, config)
+    weights = mx.load(str(path / "model.safetensors"))
+    (path / "model.safetensors").unlink()
+    files = {}
+    for key, value in weights.items():
+        match = re.search(r"\.layers\.(\d+)\.", key)
+        name = f"model-{match.group(1) if match else 'rest'}.safetensors"
+        files.setdefault(name, {})[key] = value
+    for name, tensors in files.items():
+        mx.save_safetensors(str(path / name), tensors)
+    index = {k: f for f, tensors in files.items() for k in tensors}
+    with open(path / "model.safetensors.index.json", "w") as f:
+        json.dump({"metadata": {}, "weight_map": index}, f)
+    return path
+
+
 class TestDeepseekV4Pipeline(unittest.TestCase):
     def test_pro_config_loads_in_both_schemas(self):
         ratios = PRO_CONFIG["compress_ratios"][:61]
@@ -513,20 +536,7 @@ class TestDeepseekV4Pipeline(unittest.TestCase):
 
     def test_sharded_load_generates_the_same_text(self):
         with tempfile.TemporaryDirectory() as tmp:
-            path = make_tiny_model_folder(Path(tmp) / "model", TINY_PRO_CONFIG)
-            # One file per layer, as sharded checkpoints come, and their index.
-            weights = mx.load(str(path / "model.safetensors"))
-            (path / "model.safetensors").unlink()
-            files = {}
-            for key, value in weights.items():
-                match = re.search(r"\.layers\.(\d+)\.", key)
-                name = f"model-{match.group(1) if match else 'rest'}.safetensors"
-                files.setdefault(name, {})[key] = value
-            for name, tensors in files.items():
-                mx.save_safetensors(str(path / name), tensors)
-            index = {k: f for f, tensors in files.items() for k in tensors}
-            with open(path / "model.safetensors.index.json", "w") as f:
-                json.dump({"metadata": {}, "weight_map": index}, f)
+            path = sharded_folder(Path(tmp) / "model", TINY_PRO_CONFIG)
             script = LOAD_SCRIPT.format(path=str(path), tokens=PIPELINE_STEPS)
             results = launch(self, script, 2)
         stages = split(TINY_PRO_CONFIG["num_hidden_layers"], 2)
@@ -538,6 +548,61 @@ class TestDeepseekV4Pipeline(unittest.TestCase):
                 self.assertEqual(pipeline["text"], one["text"])
                 self.assertGreater(len(one["text"]), PIPELINE_STEPS)
                 self.assertLess(pipeline["nbytes"], 0.7 * one["nbytes"])
+
+    def test_server_pipeline_serves_the_same_text(self):
+        launcher = _launcher()
+        if launcher is None:
+            self.skipTest("mlx.launch with the ring backend is not available")
+        prompt = "The quick brown fox"
+        with tempfile.TemporaryDirectory() as tmp:
+            path = sharded_folder(Path(tmp) / "model", TINY_PRO_CONFIG)
+            model, tokenizer = load(str(path))
+            expected = generate(model, tokenizer, prompt, max_tokens=PIPELINE_STEPS)
+            port = _free_port()
+            command = [
+                launcher,
+                "-n",
+                "2",
+                "--backend",
+                "ring",
+                "--starting-port",
+                str(_free_port()),
+                "--",
+                sys.executable,
+                "-m",
+                "mlx_lm.server",
+                "--model",
+                str(path),
+                "--pipeline",
+                "--port",
+                str(port),
+            ]
+            with open(Path(tmp) / "log", "w+") as log:
+                server = subprocess.Popen(
+                    command, stdout=log, stderr=log, start_new_session=True
+                )
+                try:
+                    body = json.dumps(
+                        {"prompt": prompt, "max_tokens": PIPELINE_STEPS, "temp": 0}
+                    ).encode()
+                    url = f"http://127.0.0.1:{port}/v1/completions"
+                    for _ in range(600):
+                        try:
+                            with urllib.request.urlopen(url, body, timeout=60) as r:
+                                text = json.load(r)["choices"][0]["text"]
+                            break
+                        except urllib.error.URLError:
+                            if server.poll() is not None:
+                                break
+                            time.sleep(0.1)
+                    else:
+                        text = None
+                finally:
+                    os.killpg(server.pid, signal.SIGKILL)
+                    server.wait()
+                    log.seek(0)
+                    output = log.read()
+        self.assertEqual(text, expected, output)
 
 
 if __name__ == "__main__":
