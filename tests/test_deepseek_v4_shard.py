@@ -344,6 +344,14 @@ class TestDeepseekV4Shard(unittest.TestCase):
                 self.assertEqual(rows[0]["logits"], rows[1]["logits"])
 
 
+# DeepSeek-V4-Flash's released config: this model's defaults, and its
+# schedule (the last ratio is the MTP block's).
+FLASH_CONFIG = {
+    "model_type": "deepseek_v4",
+    "compress_ratios": [0, 0] + [4, 128] * 20 + [4, 0],
+    "num_hash_layers": 3,
+}
+
 # DeepSeek-V4-Pro's released config (DeepSeek's schema, the fields this model
 # reads): 61 layers, two HCA layers, then CSA and HCA in turn; the last ratio
 # is the MTP block's.
@@ -472,6 +480,9 @@ class TestDeepseekV4Pipeline(unittest.TestCase):
                 # 1.6T with the MTP block (one more layer), which is not loaded.
                 self.assertEqual(round(total / 1e9), 1573)
                 self.assertEqual(len(model.make_cache()), 61)
+        flash = deepseek_v4.Model(deepseek_v4.ModelArgs.from_dict(FLASH_CONFIG))
+        total = sum(v.size for _, v in tree_flatten(flash.parameters()))
+        self.assertEqual(round(total / 1e9), 284)
 
     def test_pipeline_keeps_only_the_stage_layers_and_caches(self):
         model = make_tiny_model(TINY_PRO_CONFIG)
