@@ -6,11 +6,13 @@ many machines Flash and Pro need.
 Decode speed: builds a random DeepSeek-V4 (``--hidden``, ``--layers``; the
 other sizes the tiny test model's), prefills ``--prompt`` tokens and decodes
 ``--tokens`` through ``generate_step``, then prints tokens/s and the bytes
-this rank passed to ``send`` and ``all_gather`` per decoded token. Run it
-alone, then under ``mlx.launch`` with ``--pipeline`` (each rank prints):
+this rank passes to ``send``, ``all_gather`` and ``all_sum`` in a decode step. Run it
+alone, then under ``mlx.launch`` with ``--pipeline`` or ``--tensor`` (tensor
+parallelism, ``Model.shard``); each rank prints a line:
 
     python3 benchmarks/dsv4_pipeline.py
     mlx.launch -n 2 --backend ring -- python3 benchmarks/dsv4_pipeline.py --pipeline
+    mlx.launch -n 2 --backend ring -- python3 benchmarks/dsv4_pipeline.py --tensor
 
 ``--plan`` prints, from the released configs' parameter counts, the weight
 bytes per machine of Flash and Pro quantized to 8, 4 and 2 bits (MLX affine,
@@ -47,17 +49,31 @@ USABLE = 0.75
 # The machine counts of the first table (the second tries 1 to 16).
 SHOWN = (1, 2, 3, 4, 8, 16)
 
-SENT = {"send": 0, "all_gather": 0}
+# The bytes of each array given to send, all_gather and all_sum (tensor
+# parallelism) in one-token forwards.
+SENT = {"send": [], "all_gather": [], "all_sum": []}
+STEPS = [0]
 
 
 def _counted(name):
     op = getattr(mx.distributed, name)
 
     def wrapper(x, *args, **kwargs):
-        SENT[name] += x.nbytes
+        if x.ndim > 2 and x.shape[1] == 1:
+            SENT[name].append(x.nbytes)
         return op(x, *args, **kwargs)
 
     setattr(mx.distributed, name, wrapper)
+
+
+def _count_steps():
+    forward = deepseek_v4.Model.__call__
+
+    def counted(self, inputs, cache=None):
+        STEPS[0] += inputs.shape[1] == 1
+        return forward(self, inputs, cache)
+
+    deepseek_v4.Model.__call__ = counted
 
 
 def nbytes(module):
@@ -160,37 +176,42 @@ def decode(args):
     whole = nbytes(model)
     if args.pipeline:
         model.model.pipeline(group)
+    elif args.tensor:
+        model.shard(group)
     for name in SENT:
         _counted(name)
+    _count_steps()
     mx.random.seed(2)
     prompt = mx.random.randint(2, config["vocab_size"], (args.prompt,))
     steps = generate_step(prompt, model, max_tokens=args.tokens + 1)
     tic = time.perf_counter()
     next(steps)
     prefill = time.perf_counter() - tic
-    sent = dict(SENT)
     tic = time.perf_counter()
     n = sum(1 for _ in steps)
     seconds = time.perf_counter() - tic
     result = {
         "rank": group.rank(),
-        "ranks": group.size() if args.pipeline else 1,
+        "ranks": group.size() if args.pipeline or args.tensor else 1,
+        "mode": "pipeline" if args.pipeline else "tensor" if args.tensor else "one",
         "hidden": args.hidden,
         "layers": args.layers,
         "prefill_tok_s": round(args.prompt / prefill, 1),
         "decode_tok_s": round(n / seconds, 1),
         "params_MB": round(nbytes(model) / 1e6, 2),
         "whole_MB": round(whole / 1e6, 2),
-        # The decode steps' sends; the last step's are made but not run.
-        "bytes_per_token": {k: (SENT[k] - sent[k]) // (n + 1) for k in SENT},
+        "bytes_per_token": {k: sum(v) // STEPS[0] for k, v in SENT.items()},
     }
     print(json.dumps(result), flush=True)
+    # Every rank done before any closes its connections.
+    mx.eval(mx.distributed.all_sum(mx.array(1.0), stream=mx.cpu))
 
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--plan", action="store_true", help="the machines table")
     parser.add_argument("--pipeline", action="store_true", help="pipeline the ranks")
+    parser.add_argument("--tensor", action="store_true", help="shard every layer")
     parser.add_argument("--hidden", type=int, default=512)
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--prompt", type=int, default=256)
