@@ -30,16 +30,15 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
-import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_map_with_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from mlx_lm.generate import generate_step  # noqa: E402
+from mlx_lm.utils import quantize_model  # noqa: E402
 from test_deepseek_v4 import TINY_CONFIG, make_tiny_model  # noqa: E402
 from test_deepseek_v4_shard import FLASH_CONFIG, PRO_CONFIG, FakeGroup  # noqa: E402
 
-from mlx_lm.generate import generate_step  # noqa: E402
 from mlx_lm.models import deepseek_v4  # noqa: E402
-from mlx_lm.utils import quantize_model  # noqa: E402
 
 # Machine memory sizes (GB) and the share of it the weights may take: macOS
 # lets the GPU wire about 75% of memory by default, and the rest keeps the
@@ -111,9 +110,7 @@ def plan_rows(config, bits, sizes=range(1, 17)):
         counts = [base + (r < extra) for r in range(n)]
         # Rank r runs the layers after those of ranks r+1 ... n-1.
         starts = [sum(counts[r + 1 :]) for r in range(n)]
-        pipeline = shared + max(
-            sum(layers[s : s + c]) for s, c in zip(starts, counts)
-        )
+        pipeline = shared + max(sum(layers[s : s + c]) for s, c in zip(starts, counts))
         fields = (args.num_attention_heads, args.o_groups, args.moe_intermediate_size)
         tensor = None
         if all(f % n == 0 for f in fields):
@@ -144,7 +141,9 @@ def plan():
                 if n not in SHOWN:
                     continue
                 tp = "-" if tensor is None else f"{tensor:,.0f}"
-                print(f"| {name} | {bits} | {total:,.0f} | {n} | {pipeline:,.0f} | {tp} |")
+                print(
+                    f"| {name} | {bits} | {total:,.0f} | {n} | {pipeline:,.0f} | {tp} |"
+                )
             summary.append(
                 (
                     name,
