@@ -255,7 +255,7 @@ class FakeGroup:
         return self._size
 
 
-def launch(test, script, ranks, timeout=120):
+def launch(test, script, ranks, timeout=240):
     """Run script on ranks processes of mlx.launch's ring backend on loopback
     ({out} in it names each rank's JSON file) and return their results, or
     skip test where the launcher is not available."""
@@ -504,12 +504,12 @@ class TestDeepseekV4Pipeline(unittest.TestCase):
                 rates = TINY_PRO_CONFIG["compress_rates"]
                 self.assertEqual(ratios, [rates[kinds[i]] for i in held])
 
-    def check_pipeline(self, ranks, cases):
+    def check_pipeline(self, ranks, cases, steps=PIPELINE_STEPS):
         script = PIPELINE_SCRIPT.format(
             tests=str(TESTS),
             cases=json.dumps(cases),
             prompt=PIPELINE_PROMPT,
-            steps=PIPELINE_STEPS,
+            steps=steps,
         )
         results = launch(self, script, ranks)
         for name, config in cases.items():
@@ -537,13 +537,14 @@ class TestDeepseekV4Pipeline(unittest.TestCase):
         return results
 
     def test_two_ranks_match_one_process(self):
-        results = self.check_pipeline(2, {"flash": TINY_CONFIG, "pro": TINY_PRO_CONFIG})
+        results = self.check_pipeline(2, {"flash": TINY_CONFIG})
         # Each rank holds about half the model.
         for result in (r["flash"] for r in results):
             self.assertLess(result["nbytes"], 0.6 * result["full_nbytes"])
 
     def test_three_ranks_split_unevenly(self):
-        self.check_pipeline(3, {"pro": TINY_PRO_CONFIG})
+        # Fewer steps: three ranks share the cores of the machine.
+        self.check_pipeline(3, {"pro": TINY_PRO_CONFIG}, steps=48)
 
     def test_sharded_load_generates_the_same_text(self):
         with tempfile.TemporaryDirectory() as tmp:
