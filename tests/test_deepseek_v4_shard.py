@@ -18,12 +18,12 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten
 from test_deepseek_v4 import (
+    GRAPH_BOUND,
     TINY_CONFIG,
     make_tiny_model,
     make_tiny_model_folder,
     max_diff,
 )
-from test_deepseek_v4_batch import GRAPH_BOUND
 
 from mlx_lm import generate, load
 from mlx_lm.models import deepseek_v4
@@ -49,14 +49,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 sys.path.insert(0, {tests!r})
-from mlx.utils import tree_flatten
-from test_deepseek_v4 import (
-    TINY_CONFIG,
-    make_tiny_model,
-    make_tiny_model_folder,
-    max_diff,
-)
-from test_deepseek_v4_batch import GRAPH_BOUND
+from test_deepseek_v4 import TINY_CONFIG, make_tiny_model, max_diff
 
 group = mx.distributed.init(strict=True, backend="ring")
 mx.random.seed(1)
@@ -111,16 +104,19 @@ with open({{out}}.format(group.rank()), "w") as f:
 # BatchGenerator whose second request joins mid-decode.
 PIPELINE_SCRIPT = """
 import json
-import os
 import sys
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
 sys.path.insert(0, {tests!r})
-from test_deepseek_v4 import make_tiny_model, max_diff
-from test_deepseek_v4_batch import decode_alone, decode_batched
-from test_deepseek_v4_cache_graph import max_cache_graph
+from test_deepseek_v4 import (
+    decode_alone,
+    decode_batched,
+    make_tiny_model,
+    max_cache_graph,
+    max_diff,
+)
 
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache, trim_prompt_cache
 

@@ -205,6 +205,27 @@ class TestForkAssembly(unittest.TestCase):
             self.assertEqual(fork.series_text(rel), text)
             self.assertEqual(fork.check_series(), [])
 
+    def test_edit_in_the_context_of_a_later_pr_updates_that_pr_too(self):
+        with self.sandbox():
+            fork.stage(fork.DEV_TREE, link=True)
+            rel = Path("mlx_lm/server.py")
+            edited = fork.DEV_TREE / rel
+            # A line of server-requests that server-disconnect's hunk shows.
+            line = 'error = {"error": f"generation failed: {type(e).__name__}: {e}"}'
+            later = fork.assemble.patch_path("server-disconnect", rel).read_text()
+            self.assertIn(line, later)
+            text = edited.read_text().replace(line, line.replace("gen", "Gen"))
+            edited.write_text(text)
+            self.assertEqual(
+                sorted(fork.sync_patches("server-requests")),
+                [
+                    "wrote patches/server-disconnect/mlx_lm/server.py.patch",
+                    "wrote patches/server-requests/mlx_lm/server.py.patch",
+                ],
+            )
+            self.assertEqual(fork.series_text(rel), text)
+            self.assertEqual(fork.check_series(), [])
+
     def test_edit_of_a_file_no_pr_edits_needs_a_pr(self):
         with self.sandbox():
             fork.stage(fork.DEV_TREE, link=True)
