@@ -572,15 +572,15 @@ class DeepseekV4Model(PipelineMixin, nn.Module):
         # Every layer's cache holds the same rows.
         rows = cache[0].make_mask(length, batch)
         rank, size = self.pipeline_rank, self.pipeline_size
-        if rank < size - 1:
-            h = mx.distributed.recv_like(h, rank + 1)
+        h = mx.distributed.recv_like(h, rank + 1) if rank < size - 1 else h
         for layer, layer_cache in zip(self.pipeline_layers, cache):
             h = layer(h, inputs, layer_cache, rows)
         if rank > 0:
             h = mx.distributed.send(h, rank - 1)
-        if size > 1:
-            h = mx.distributed.all_gather(h)[:batch]
+            # A prefill step evaluates only the caches, which must still send.
+            cache[-1].window.kv = mx.depends(cache[-1].window.kv, h)
         out = self.norm(self.hc_head(h))
+        out = mx.distributed.all_gather(out)[:batch] if size > 1 else out
         # Evaluating the output also materializes every cache array, so no
         # cache field keeps a growing lazy graph, without a host sync.
         return mx.depends(out, [a for c in cache for a in c.cache_arrays()])
