@@ -1,22 +1,14 @@
 # Copyright © 2026 Apple Inc.
 
 import json
-import tempfile
 import unittest
-from pathlib import Path
 
-from mlx_lm.generate import TextStateMachine, make_text_state_machine
-from mlx_lm.server import ToolCallFormatter, tool_markers
-from test_deepseek_v4 import make_tiny_model_folder
-
-from mlx_lm import load
 from mlx_lm.chat_templates.deepseek_v4 import (
     apply_chat_template,
     bos_token,
     render_tool_calls,
     user_token,
 )
-from mlx_lm.tool_parsers import deepseek_v4 as tool_parser
 
 # Conversations, as mlx_lm.server hands them to the encoder (tool call
 # arguments decoded), each with the options of the call.
@@ -668,130 +660,6 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
         before = json.dumps(messages)
         apply_chat_template(messages, tools=TOOLS, continue_final_message=False)
         self.assertEqual(json.dumps(messages), before)
-
-
-class TestDeepseekV4ChatLoad(unittest.TestCase):
-
-    @classmethod
-    def setUpClass(cls):
-        cls._tmp = tempfile.TemporaryDirectory()
-        cls.path = make_tiny_model_folder(Path(cls._tmp.name) / "model")
-        _, cls.tokenizer = load(str(cls.path))
-
-    @classmethod
-    def tearDownClass(cls):
-        cls._tmp.cleanup()
-
-    def reply(self, chunks):
-        """(content, calls) of a reply in chunks, as mlx_lm.server reads it."""
-        state = make_text_state_machine(self.tokenizer).make_state("normal")
-        content, tool_text = "", ""
-        for chunk in chunks:
-            state, segments = TextStateMachine.split(state, chunk)
-            for name, text in segments:
-                if name == "tool":
-                    tool_text += text
-                else:
-                    content += text
-        state, rest, _ = TextStateMachine.flush(state)
-        content += rest
-        formatter = ToolCallFormatter(
-            self.tokenizer.tool_parser, TOOLS, True, tool_markers(self.tokenizer)
-        )
-        calls = formatter([tool_text] if tool_text else [])
-        calls = [
-            {
-                "name": c["function"]["name"],
-                "arguments": json.loads(c["function"]["arguments"]),
-            }
-            for c in calls
-        ]
-        return content + formatter.take_unparsed(), calls
-
-    def test_damaged_calls_are_recovered_in_any_chunks(self):
-        for name, reply, content, calls in DAMAGED_CASES:
-            for size in range(1, len(reply) + 1):
-                chunks = [reply[i : i + size] for i in range(0, len(reply), size)]
-                with self.subTest(name, size=size):
-                    self.assertEqual(self.reply(chunks), (content, calls))
-
-    def test_dsml_that_is_not_a_call_stays_content_whole_in_any_chunks(self):
-        for name, reply in NOT_CALLS:
-            for size in range(1, len(reply) + 1):
-                chunks = [reply[i : i + size] for i in range(0, len(reply), size)]
-                with self.subTest(name, size=size):
-                    self.assertEqual(self.reply(chunks), (reply, []))
-
-    def test_load_uses_the_encoder_and_the_tool_parser(self):
-        tokenizer = self.tokenizer
-        self.assertTrue(tokenizer.has_chat_template)
-        self.assertTrue(tokenizer.has_tool_calling)
-        self.assertIs(tokenizer.tool_parser, tool_parser.parse_tool_call)
-        self.assertEqual(tokenizer.tool_call_start, tool_parser.tool_call_start)
-        messages = [{"role": "user", "content": "The quick brown fox"}]
-        kwargs = dict(tools=TOOLS, add_generation_prompt=True, enable_thinking=True)
-        text = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
-        self.assertEqual(text, apply_chat_template(messages, **kwargs))
-        tokens = tokenizer.apply_chat_template(messages, **kwargs)
-        self.assertEqual(tokens[0], tokenizer.bos_token_id)
-        self.assertEqual(tokenizer.decode(tokens), text)
-
-    def split(self, chunks):
-        from mlx_lm.generate import TextStateMachine, make_text_state_machine
-
-        machine = make_text_state_machine(self.tokenizer)
-        state = machine.make_state("normal")
-        segments = []
-        for chunk in chunks:
-            state, new = TextStateMachine.split(state, chunk)
-            segments += new
-        TextStateMachine.discard(state)
-        text = "".join(t for s, t in segments if s == "normal")
-        tool_text = "".join(t for s, t in segments if s == "tool")
-        return text, tool_text
-
-    def test_streamed_tool_calls_in_any_chunking(self):
-        # As the server splits the stream: the block runs to the end.
-        block, expected = STREAMED
-        output = "Let me check." + tool_parser.tool_call_start + block
-        for size in (1, 5, len(output)):
-            with self.subTest(size=size):
-                chunks = [output[i : i + size] for i in range(0, len(output), size)]
-                text, tool_text = self.split(chunks)
-                self.assertEqual(text, "Let me check.")
-                self.assertEqual(
-                    tool_parser.parse_tool_call(tool_text, TOOLS), expected
-                )
-
-    def test_streamed_tokens_reach_the_parser(self):
-        tokenizer = self.tokenizer
-        block, expected = STREAMED
-        output = "Let me check." + tool_parser.tool_call_start + block
-        detokenizer = tokenizer.detokenizer
-        chunks = []
-        for token in tokenizer.encode(output, add_special_tokens=False):
-            detokenizer.add_token(token)
-            chunks.append(detokenizer.last_segment)
-        detokenizer.finalize()
-        chunks.append(detokenizer.last_segment)
-        text, tool_text = self.split(chunks)
-        self.assertEqual(text, "Let me check.")
-        self.assertEqual(tool_parser.parse_tool_call(tool_text, TOOLS), expected)
-
-    def test_a_template_in_the_checkpoint_wins(self):
-        with tempfile.TemporaryDirectory() as tmp:
-            path = make_tiny_model_folder(Path(tmp) / "model")
-            with open(path / "tokenizer_config.json") as f:
-                config = json.load(f)
-            config["chat_template"] = (
-                "{% for m in messages %}{{ m.content }}{% endfor %}"
-            )
-            with open(path / "tokenizer_config.json", "w") as f:
-                json.dump(config, f)
-            _, tokenizer = load(str(path))
-        messages = [{"role": "user", "content": "fox"}]
-        self.assertEqual(tokenizer.apply_chat_template(messages, tokenize=False), "fox")
-        self.assertIs(tokenizer.tool_parser, tool_parser.parse_tool_call)
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from unittest import mock
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
+from mlx_lm.generate import TextStateMachine, make_text_state_machine
 from mlx_lm.server import (
     APIHandler,
     CompletionRequest,
@@ -29,14 +30,23 @@ from mlx_lm.server import (
     ModelProvider,
     Response,
     ResponseGenerator,
+    ToolCallFormatter,
     process_message_content,
+    tool_markers,
 )
 from mlx_lm.tokenizer_utils import TokenizerWrapper
-from test_deepseek_v4 import TINY_CONFIG, make_tiny_model, make_tiny_tokenizer
-from test_deepseek_v4_chat import DAMAGED_CASES, NOT_CALLS
+from test_deepseek_v4 import (
+    TINY_CONFIG,
+    make_tiny_model,
+    make_tiny_model_folder,
+    make_tiny_tokenizer,
+)
+from test_deepseek_v4_chat import DAMAGED_CASES, NOT_CALLS, STREAMED
+from test_deepseek_v4_chat import TOOLS as CHAT_TOOLS
 
 from mlx_lm import load
 from mlx_lm.chat_templates.deepseek_v4 import apply_chat_template
+from mlx_lm.tool_parsers import deepseek_v4 as tool_parser
 
 HAS_OPENAI = importlib.util.find_spec("openai") is not None
 
@@ -473,6 +483,132 @@ class TestDeepseekV4ChatServer(unittest.TestCase):
         self.assertEqual(message.reasoning, "It is sunny in Paris.")
         self.assertFalse(message.tool_calls)
         self.assertEqual(prompts, [TURN_1_PROMPT, TURN_1_PROMPT, TURN_2_PROMPT])
+
+
+class TestDeepseekV4ChatLoad(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls._tmp = tempfile.TemporaryDirectory()
+        cls.path = make_tiny_model_folder(Path(cls._tmp.name) / "model")
+        _, cls.tokenizer = load(str(cls.path))
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._tmp.cleanup()
+
+    def reply(self, chunks):
+        """(content, calls) of a reply in chunks, as mlx_lm.server reads it."""
+        state = make_text_state_machine(self.tokenizer).make_state("normal")
+        content, tool_text = "", ""
+        for chunk in chunks:
+            state, segments = TextStateMachine.split(state, chunk)
+            for name, text in segments:
+                if name == "tool":
+                    tool_text += text
+                else:
+                    content += text
+        state, rest, _ = TextStateMachine.flush(state)
+        content += rest
+        formatter = ToolCallFormatter(
+            self.tokenizer.tool_parser, CHAT_TOOLS, True, tool_markers(self.tokenizer)
+        )
+        calls = formatter([tool_text] if tool_text else [])
+        calls = [
+            {
+                "name": c["function"]["name"],
+                "arguments": json.loads(c["function"]["arguments"]),
+            }
+            for c in calls
+        ]
+        return content + formatter.take_unparsed(), calls
+
+    def test_damaged_calls_are_recovered_in_any_chunks(self):
+        for name, reply, content, calls in DAMAGED_CASES:
+            for size in range(1, len(reply) + 1):
+                chunks = [reply[i : i + size] for i in range(0, len(reply), size)]
+                with self.subTest(name, size=size):
+                    self.assertEqual(self.reply(chunks), (content, calls))
+
+    def test_dsml_that_is_not_a_call_stays_content_whole_in_any_chunks(self):
+        for name, reply in NOT_CALLS:
+            for size in range(1, len(reply) + 1):
+                chunks = [reply[i : i + size] for i in range(0, len(reply), size)]
+                with self.subTest(name, size=size):
+                    self.assertEqual(self.reply(chunks), (reply, []))
+
+    def test_load_uses_the_encoder_and_the_tool_parser(self):
+        tokenizer = self.tokenizer
+        self.assertTrue(tokenizer.has_chat_template)
+        self.assertTrue(tokenizer.has_tool_calling)
+        self.assertIs(tokenizer.tool_parser, tool_parser.parse_tool_call)
+        self.assertEqual(tokenizer.tool_call_start, tool_parser.tool_call_start)
+        messages = [{"role": "user", "content": "The quick brown fox"}]
+        kwargs = dict(
+            tools=CHAT_TOOLS, add_generation_prompt=True, enable_thinking=True
+        )
+        text = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+        self.assertEqual(text, apply_chat_template(messages, **kwargs))
+        tokens = tokenizer.apply_chat_template(messages, **kwargs)
+        self.assertEqual(tokens[0], tokenizer.bos_token_id)
+        self.assertEqual(tokenizer.decode(tokens), text)
+
+    def split(self, chunks):
+        from mlx_lm.generate import TextStateMachine, make_text_state_machine
+
+        machine = make_text_state_machine(self.tokenizer)
+        state = machine.make_state("normal")
+        segments = []
+        for chunk in chunks:
+            state, new = TextStateMachine.split(state, chunk)
+            segments += new
+        TextStateMachine.discard(state)
+        text = "".join(t for s, t in segments if s == "normal")
+        tool_text = "".join(t for s, t in segments if s == "tool")
+        return text, tool_text
+
+    def test_streamed_tool_calls_in_any_chunking(self):
+        # As the server splits the stream: the block runs to the end.
+        block, expected = STREAMED
+        output = "Let me check." + tool_parser.tool_call_start + block
+        for size in (1, 5, len(output)):
+            with self.subTest(size=size):
+                chunks = [output[i : i + size] for i in range(0, len(output), size)]
+                text, tool_text = self.split(chunks)
+                self.assertEqual(text, "Let me check.")
+                self.assertEqual(
+                    tool_parser.parse_tool_call(tool_text, CHAT_TOOLS), expected
+                )
+
+    def test_streamed_tokens_reach_the_parser(self):
+        tokenizer = self.tokenizer
+        block, expected = STREAMED
+        output = "Let me check." + tool_parser.tool_call_start + block
+        detokenizer = tokenizer.detokenizer
+        chunks = []
+        for token in tokenizer.encode(output, add_special_tokens=False):
+            detokenizer.add_token(token)
+            chunks.append(detokenizer.last_segment)
+        detokenizer.finalize()
+        chunks.append(detokenizer.last_segment)
+        text, tool_text = self.split(chunks)
+        self.assertEqual(text, "Let me check.")
+        self.assertEqual(tool_parser.parse_tool_call(tool_text, CHAT_TOOLS), expected)
+
+    def test_a_template_in_the_checkpoint_wins(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = make_tiny_model_folder(Path(tmp) / "model")
+            with open(path / "tokenizer_config.json") as f:
+                config = json.load(f)
+            config["chat_template"] = (
+                "{% for m in messages %}{{ m.content }}{% endfor %}"
+            )
+            with open(path / "tokenizer_config.json", "w") as f:
+                json.dump(config, f)
+            _, tokenizer = load(str(path))
+        messages = [{"role": "user", "content": "fox"}]
+        self.assertEqual(tokenizer.apply_chat_template(messages, tokenize=False), "fox")
+        self.assertIs(tokenizer.tool_parser, tool_parser.parse_tool_call)
 
 
 if __name__ == "__main__":

@@ -19,8 +19,14 @@ from mlx_lm.generate import (
 )
 from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import load, load_model, quantize_model, save_config, save_model
-from test_deepseek_v4 import TINY_CONFIG, make_tiny_model, make_tiny_model_folder
-from test_deepseek_v4_cache_graph import GRAPH_BOUND, graph_edges, max_cache_graph
+from test_deepseek_v4 import (
+    GRAPH_BOUND,
+    TINY_CONFIG,
+    graph_edges,
+    make_tiny_model,
+    make_tiny_model_folder,
+    max_cache_graph,
+)
 from test_server_requests import ServerThread
 
 from mlx_lm.models import deepseek_v4

@@ -10,8 +10,13 @@ from pathlib import Path
 import mlx.core as mx
 from mlx_lm.generate import speculative_generate_step, stream_generate
 from mlx_lm.utils import load
-from test_deepseek_v4 import make_tiny_model, make_tiny_model_folder, max_diff
-from test_deepseek_v4_cache_graph import GRAPH_BOUND, max_cache_graph
+from test_deepseek_v4 import (
+    GRAPH_BOUND,
+    make_tiny_model,
+    make_tiny_model_folder,
+    max_cache_graph,
+    max_diff,
+)
 from test_server_requests import ServerThread
 
 from mlx_lm.models.cache import (

@@ -115,16 +115,23 @@ def route_edit(rel, text, owner, prs=None):
         )
     mine = closure(prs, [owner])
     upstream = (fetch_upstream() / rel).read_text()
+    before = series_text(rel, prs)
     target = text
     for p in reversed([p for p in _touching(prs, rel) if p not in mine]):
         target, problems = apply_text(
             target, patch_path(p.name, rel).read_text(), reverse=True
         )
         if problems:
-            raise ForkError(
-                f"the edit of {rel} overlaps lines of PR {p.name}: make it "
-                f"there (`diff --pr {p.name}`) or split it"
-            )
+            # A later PR's context overlaps the edit: apply the edit itself
+            # to the owner's text instead.
+            own = _apply_all(upstream, rel, mine)
+            target, problems = _apply_edit(rel, before, text, own)
+            if problems:
+                raise ForkError(
+                    f"the edit of {rel} overlaps lines of PR {p.name}: make it "
+                    f"there (`diff --pr {p.name}`) or split it"
+                )
+            break
     base = _apply_all(upstream, rel, [p for p in mine if p.name != owner])
     old = {p.name: patch_path(p.name, rel) for p in prs}
     saved = {n: f.read_text() for n, f in old.items() if f.is_file()}
@@ -134,14 +141,22 @@ def route_edit(rel, text, owner, prs=None):
         for p in _touching(prs, rel)
         if p.name != owner and owner in {d.name for d in closure(prs, [p.name])}
     ]
+    old_texts = {
+        q.name: _apply_all(upstream, rel, closure(prs, [q.name])) for q in later
+    }
     for context in (3, 2, 1, 0):
         try:
             _write_patch(old[owner], rel, base, target, context)
             for q in later:
-                # Rebased on the owner's new text, with q's own edits kept.
+                # Rebased on the owner's new text, with q's own edits kept;
+                # where q's context holds the edited lines, q's text edited.
                 deps = [d for d in closure(prs, [q.name]) if d is not q]
                 qbase = _apply_all(upstream, rel, deps)
                 qtarget, problems = apply_text(qbase, saved[q.name])
+                if problems:
+                    qtarget, problems = _apply_edit(
+                        rel, before, text, old_texts[q.name]
+                    )
                 if problems:
                     raise ForkError(f"{q.name}: " + "; ".join(problems))
                 _write_patch(old[q.name], rel, qbase, qtarget, _context(saved[q.name]))
@@ -163,6 +178,17 @@ def route_edit(rel, text, owner, prs=None):
         f"the patches of {rel} cannot be made so that the series gives the "
         f"dev tree's text with the edit in {owner}"
     )
+
+
+def _apply_edit(rel, before, text, old_text):
+    """``old_text`` with the dev tree's edit applied: the difference between
+    the series' text ``before`` and ``text``, with as much context as
+    applies. Returns (new text, problems)."""
+    for context in (3, 2, 1, 0):
+        new, problems = apply_text(old_text, make_patch(rel, before, text, context))
+        if not problems:
+            break
+    return new, problems
 
 
 def _context(patch_text):

@@ -119,8 +119,8 @@ class TestForkAssembly(unittest.TestCase):
             [p.name for p in prs],
             [
                 "config-checks",
-                "deepseek-v4",
                 "chat-encoder",
+                "deepseek-v4",
                 "server-requests",
                 "server-models",
             ],
@@ -201,6 +201,27 @@ class TestForkAssembly(unittest.TestCase):
             written = fork.sync_patches("server-requests")
             self.assertIn(
                 "wrote patches/server-requests/mlx_lm/server.py.patch", written
+            )
+            self.assertEqual(fork.series_text(rel), text)
+            self.assertEqual(fork.check_series(), [])
+
+    def test_edit_in_the_context_of_a_later_pr_updates_that_pr_too(self):
+        with self.sandbox():
+            fork.stage(fork.DEV_TREE, link=True)
+            rel = Path("mlx_lm/server.py")
+            edited = fork.DEV_TREE / rel
+            # A line of server-requests that server-disconnect's hunk shows.
+            line = 'error = {"error": f"generation failed: {type(e).__name__}: {e}"}'
+            later = fork.assemble.patch_path("server-disconnect", rel).read_text()
+            self.assertIn(line, later)
+            text = edited.read_text().replace(line, line.replace("gen", "Gen"))
+            edited.write_text(text)
+            self.assertEqual(
+                sorted(fork.sync_patches("server-requests")),
+                [
+                    "wrote patches/server-disconnect/mlx_lm/server.py.patch",
+                    "wrote patches/server-requests/mlx_lm/server.py.patch",
+                ],
             )
             self.assertEqual(fork.series_text(rel), text)
             self.assertEqual(fork.check_series(), [])

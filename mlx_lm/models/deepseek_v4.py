@@ -1,16 +1,14 @@
 # Copyright © 2026 Apple Inc.
 
 import copy
-import math
 import re
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Callable, Dict, List, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.nn.layers.distributed import shard_inplace, shard_linear, sum_gradients
-from mlx.utils import tree_flatten
 
 from .base import BaseModelArgs
 from .cache import (
@@ -97,40 +95,22 @@ class ModelArgs(BaseModelArgs):
     quantization_config: Optional[Dict[str, Any]] = None
 
     def __post_init__(self):
-        problems = _number_problems(self)
-        if problems:
-            raise ValueError("Invalid DeepSeek-V4 config:\n  " + "\n  ".join(problems))
         n = self.num_hidden_layers
         rates = {CSA: 4, HCA: 128}
-        if self.compress_ratios is not None:
+        ratios = self.compress_ratios
+        if ratios is not None:
             # DeepSeek's list may end with the MTP layer's ratio; ratio 4 is
             # overlapped and indexed, any other heavily compressed.
-            ratios = list(self.compress_ratios)[:n]
-            hca = {r for r in ratios if isinstance(r, int) and r not in (0, 4)}
-            if (
-                len(ratios) < n
-                or len(hca) > 1
-                or any(not isinstance(r, int) or r < 0 for r in ratios)
-            ):
-                raise ValueError(
-                    f"`compress_ratios` needs {n} integer ratios of 0 or more "
-                    f"and at most one HCA ratio, not {self.compress_ratios}."
-                )
-            ratio_types = [SLIDING if not r else CSA if r == 4 else HCA for r in ratios]
+            if len(ratios) < n:
+                raise ValueError(f"`compress_ratios` needs {n} ratios: {ratios}.")
+            ratios = ratios[:n]
+            rates[HCA] = next((r for r in ratios if r not in (0, 4)), rates[HCA])
             if self.layer_types is None:
-                self.layer_types = ratio_types
-                rates[HCA] = hca.pop() if hca else rates[HCA]
+                kinds = {0: SLIDING, 4: CSA}
+                self.layer_types = [kinds.get(r, HCA) for r in ratios]
         elif self.layer_types is None:
             raise ValueError("DeepSeek-V4 needs `layer_types` or `compress_ratios`.")
-        rates.update(self.compress_rates or {})
-        if set(rates) != {CSA, HCA} or any(
-            not isinstance(r, int) or r < 1 for r in rates.values()
-        ):
-            raise ValueError(
-                f"`compress_rates` needs positive rates for {CSA} and {HCA}, not "
-                f"{self.compress_rates}."
-            )
-        self.compress_rates = rates
+        self.compress_rates = {**rates, **(self.compress_rates or {})}
         if self.mlp_layer_types is None:
             hashed = 3 if self.num_hash_layers is None else self.num_hash_layers
             self.mlp_layer_types = ["hash_moe"] * hashed + ["moe"] * (n - hashed)
@@ -139,47 +119,40 @@ class ModelArgs(BaseModelArgs):
             ("mlp_layer_types", ("hash_moe", "moe")),
         ):
             types = list(getattr(self, name))[:n]
-            if len(types) != n or any(t not in allowed for t in types):
+            if len(types) != n or not set(types) <= set(allowed):
                 raise ValueError(
-                    f"`{name}` needs {n} entries from {allowed}, not "
+                    f"`{name}` needs {n} entries from {allowed}: "
                     f"{getattr(self, name)}."
                 )
             setattr(self, name, types)
-        for i, kind in enumerate(self.layer_types if self.compress_ratios else ()):
-            rate = 0 if kind == SLIDING else rates[kind]
-            if kind != ratio_types[i] or rate != ratios[i]:
+        for i, (kind, ratio) in enumerate(zip(self.layer_types, ratios or ())):
+            if ratio != self.compress_rates.get(kind, 0):
                 raise ValueError(
                     f"`compress_ratios` and `layer_types` disagree on layer {i}: "
-                    f"ratio {ratios[i]} is {ratio_types[i]}, but `layer_types` "
-                    f"says {kind} (rate {rate}, from `compress_rates`)."
+                    f"ratio {ratio}, but {kind} (rates {self.compress_rates})."
                 )
         if self.qk_rope_head_dim is None:
             factor = self.partial_rotary_factor or 64 / 512
             self.qk_rope_head_dim = int(self.head_dim * factor)
-        for problem, message in (
+        rope, groups = self.qk_rope_head_dim, self.o_groups
+        for bad, message in (
+            (self.scoring_func != "sqrtsoftplus", "`scoring_func` is not sqrtsoftplus"),
+            (self.num_key_value_heads != 1, "`num_key_value_heads` is not 1"),
+            (min(self.compress_rates.values()) < 1, "`compress_rates` are below 1"),
             (
-                self.scoring_func != "sqrtsoftplus",
-                "`scoring_func` must be 'sqrtsoftplus'",
-            ),
-            (self.num_key_value_heads != 1, "`num_key_value_heads` must be 1"),
-            (
-                self.qk_rope_head_dim > self.head_dim or self.qk_rope_head_dim % 2,
-                f"`qk_rope_head_dim` {self.qk_rope_head_dim} must be even and at "
-                f"most `head_dim` {self.head_dim}",
+                rope > self.head_dim or rope % 2,
+                f"`qk_rope_head_dim` {rope} is odd or above `head_dim`",
             ),
             (
                 self.num_experts_per_tok > self.n_routed_experts,
-                f"`num_experts_per_tok` {self.num_experts_per_tok} is more than "
-                f"`n_routed_experts` {self.n_routed_experts}",
+                "`num_experts_per_tok` is more than `n_routed_experts`",
             ),
             (
-                self.num_attention_heads % self.o_groups,
-                f"`o_groups` {self.o_groups} does not divide "
-                f"`num_attention_heads` {self.num_attention_heads}",
+                self.num_attention_heads % groups,
+                f"`o_groups` {groups} does not divide `num_attention_heads`",
             ),
-            *_fp8_problems(self.quantization_config if not self.quantization else {}),
         ):
-            if problem:
+            if bad:
                 raise ValueError(f"Invalid DeepSeek-V4 config: {message}.")
         params = self.rope_parameters or {}
         if isinstance(params.get("compress"), dict):
@@ -189,65 +162,8 @@ class ModelArgs(BaseModelArgs):
                 "rope_theta", self.compress_rope_theta
             )
         scaling = params or self.rope_scaling or {}
-        if scaling.get("rope_type", scaling.get("type")) != "yarn":
-            scaling = None
-        self.rope_scaling = scaling
-
-
-# Number fields that may be 0; any other integer is at least 1, any other
-# float above 0.
-_MAY_BE_ZERO = (
-    "qk_rope_head_dim",
-    "num_nextn_predict_layers",
-    "n_shared_experts",
-    "num_hash_layers",
-    "swiglu_limit",
-)
-
-
-def _number_problems(args: ModelArgs) -> List[str]:
-    problems = []
-    for f in fields(args):
-        value = getattr(args, f.name)
-        if f.type not in (int, float, Optional[int], Optional[float]) or (
-            value is None and f.default is None
-        ):
-            continue
-        low = 0 if f.name in _MAY_BE_ZERO else 1
-        integer = f.type in (int, Optional[int])
-        if not isinstance(value, int if integer else (int, float)):
-            what = "an integer" if integer else "a number"
-            problems.append(f"`{f.name}` {value!r} is not {what}")
-        elif integer and value < low:
-            problems.append(f"`{f.name}` {value} must be {low} or more")
-        elif f.type in (float, Optional[float]) and not (
-            value >= low if low == 0 else 0 < value < math.inf
-        ):
-            what = "0 or more" if low == 0 else "a positive number"
-            problems.append(f"`{f.name}` {value} must be {what}")
-    return problems
-
-
-def _fp8_problems(config: Optional[Dict[str, Any]]):
-    """DeepSeek's own quantization: fp8 e4m3 with ue8m0 block scales."""
-    if not config:
-        return
-    for key, value in (
-        ("quant_method", "fp8"),
-        ("fmt", "e4m3"),
-        ("scale_fmt", "ue8m0"),
-    ):
-        got = config.get(key, None if key == "quant_method" else value)
-        yield got != value, f"`quantization_config.{key}` {got!r} is not {value!r}"
-    block = config.get("weight_block_size", [128, 128])
-    yield len(block) != 2 or block[1] % 32, (
-        f"`quantization_config.weight_block_size` {block} needs columns a "
-        "multiple of 32"
-    )
-    expert = config.get("expert_dtype", "fp8")
-    yield expert not in ("fp4", "fp8"), (
-        f"`quantization_config.expert_dtype` {expert!r} is not 'fp4' or 'fp8'"
-    )
+        yarn = scaling.get("rope_type", scaling.get("type")) == "yarn"
+        self.rope_scaling = scaling if yarn else None
 
 
 def _rope_freqs(args: ModelArgs, compressed: bool, dims: int) -> mx.array:
@@ -259,31 +175,15 @@ def _rope_freqs(args: ModelArgs, compressed: bool, dims: int) -> mx.array:
 
 def _rope(x, freqs, offset, scale=1.0):
     """Rotate x [..., L, D] from positions ``offset`` ([B]) on."""
+    dims = x.shape[-1]
     return mx.fast.rope(
-        x,
-        x.shape[-1],
-        traditional=True,
-        base=None,
-        scale=scale,
-        offset=offset,
-        freqs=freqs,
+        x, dims, traditional=True, base=None, scale=scale, offset=offset, freqs=freqs
     )
 
 
 # Helpers with shape arithmetic compile for decode steps only: their shapes
 # repeat, while each new prompt length would keep a compiled trace.
 _rope_step = mx.compile(_rope)
-
-
-@partial(mx.compile, shapeless=True)
-def _rms_norm(x, weight, eps):
-    return mx.fast.rms_norm(x, weight, eps)
-
-
-class RMSNorm(nn.RMSNorm):
-    # Compiled: on a CPU mx.fast.rms_norm is a graph of ops.
-    def __call__(self, x: mx.array) -> mx.array:
-        return _rms_norm(x, self.weight, self.eps)
 
 
 class Compressor(nn.Module):
@@ -418,12 +318,12 @@ class Attention(nn.Module):
         self.scale = args.head_dim**-0.5
         self.o_groups = args.o_groups
         self.wq_a = nn.Linear(args.hidden_size, args.q_lora_rank, bias=False)
-        self.q_norm = RMSNorm(args.q_lora_rank, eps=args.rms_norm_eps)
+        self.q_norm = nn.RMSNorm(args.q_lora_rank, eps=args.rms_norm_eps)
         self.wq_b = nn.Linear(
             args.q_lora_rank, self.n_heads * self.head_dim, bias=False
         )
         self.wkv = nn.Linear(args.hidden_size, self.head_dim, bias=False)
-        self.kv_norm = RMSNorm(self.head_dim, eps=args.rms_norm_eps)
+        self.kv_norm = nn.RMSNorm(self.head_dim, eps=args.rms_norm_eps)
         # One projection per group of heads: [o_groups, o_lora_rank, group dims].
         self.wo_a = SwitchLinear(
             self.n_heads * self.head_dim // args.o_groups,
@@ -616,8 +516,8 @@ class DecoderLayer(nn.Module):
         super().__init__()
         self.attn = Attention(args, layer_idx)
         self.ffn = MoE(args, hashed=args.mlp_layer_types[layer_idx] == "hash_moe")
-        self.attn_norm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
-        self.ffn_norm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.attn_norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.ffn_norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.attn_hc = HyperConnection(args)
         self.ffn_hc = HyperConnection(args)
 
@@ -679,12 +579,12 @@ class MTPBlock(DecoderLayer):
     def __init__(self, args: ModelArgs, layer_idx: int):
         super().__init__(_mtp_args(args, layer_idx), layer_idx)
         dims, eps = args.hidden_size, args.rms_norm_eps
-        self.enorm = RMSNorm(dims, eps=eps)
-        self.hnorm = RMSNorm(dims, eps=eps)
+        self.enorm = nn.RMSNorm(dims, eps=eps)
+        self.hnorm = nn.RMSNorm(dims, eps=eps)
         self.e_proj = nn.Linear(dims, dims, bias=False)
         self.h_proj = nn.Linear(dims, dims, bias=False)
         self.hc_head = HyperHead(args)
-        self.norm = RMSNorm(dims, eps=eps)
+        self.norm = nn.RMSNorm(dims, eps=eps)
 
     def __call__(self, h, embeds, input_ids, cache, rows):
         # The embedding goes into every stream of the target's.
@@ -704,7 +604,7 @@ class DeepseekV4Model(PipelineMixin, nn.Module):
         self.embed_tokens = nn.Embedding(args.vocab_size, args.hidden_size)
         self.layers = [DecoderLayer(args, i) for i in range(args.num_hidden_layers)]
         self.hc_head = HyperHead(args)
-        self.norm = RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
+        self.norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
 
     def __call__(
         self,
@@ -718,15 +618,15 @@ class DeepseekV4Model(PipelineMixin, nn.Module):
         # Every layer's cache holds the same rows.
         rows = cache[0].make_mask(length, batch)
         rank, size = self.pipeline_rank, self.pipeline_size
-        if rank < size - 1:
-            h = mx.distributed.recv_like(h, rank + 1)
+        h = mx.distributed.recv_like(h, rank + 1) if rank < size - 1 else h
         for layer, layer_cache in zip(self.pipeline_layers, cache):
             h = layer(h, inputs, layer_cache, rows)
         if rank > 0:
             h = mx.distributed.send(h, rank - 1)
-        if size > 1:
-            h = mx.distributed.all_gather(h)[:batch]
+            # A prefill step evaluates only the caches, which must still send.
+            cache[-1].window.kv = mx.depends(cache[-1].window.kv, h)
         out = self.norm(self.hc_head(h))
+        out = mx.distributed.all_gather(out)[:batch] if size > 1 else out
         # Evaluating the output also materializes every cache array, so no
         # cache field keeps a growing lazy graph, without a host sync.
         out = mx.depends(out, _cache_arrays(cache))
@@ -748,15 +648,14 @@ _RENAMES = tuple(
         (r"\.hc_(attn|ffn)[_.](fn|base|scale)$", r".\1_hc.\2"),
         (r"\.attn\.norm\.", ".attn.kv_norm."),
         (r"\.gate\.bias$", ".gate.e_score_correction_bias"),
-        (r"\.ffn\.experts\.(w[123]\.)", r".ffn.switch_mlp.\1"),
+        (r"\.ffn\.experts\.(\d+\.)?(w[123]\.)", r".ffn.switch_mlp.\2\1"),
         (r"\.w1\.", ".gate_proj."),
         (r"\.w2\.", ".down_proj."),
         (r"\.w3\.", ".up_proj."),
     )
 )
 # Weights stored one per expert or one per output group.
-_EXPERT_KEY = re.compile(r"(.+\.ffn)\.experts\.(\d+)\.(\w+)\.(\w+)")
-_WO_A_KEY = re.compile(r"(.+\.attn\.wo_a)\.(\d+)\.(\w+)")
+_PART_KEY = re.compile(r"(.+\.(?:switch_mlp\.\w+|wo_a))\.(\d+)\.(\w+)")
 _MTP_KEY = re.compile(r"(^|\.)mtp\.")
 # DeepSeek-V4's MTP block, not another kind of drafter (V4.1's DSpark).
 _MTP_BLOCK_KEY = re.compile(r"(^|\.)mtp\.0\.enorm\.weight$")
@@ -816,13 +715,13 @@ class Model(nn.Module):
 
     def _layer_cache(self, kind: str) -> WindowCompressorCache:
         ratio = self.args.compress_rates.get(kind)
-        return WindowCompressorCache(
-            SharedWindowCache(self.args.sliding_window),
-            compressor=(
-                CompressorCache(ratio, overlap=kind == CSA) if kind != SLIDING else None
-            ),
-            indexer=CompressorCache(ratio, overlap=True) if kind == CSA else None,
-        )
+        compressor = indexer = None
+        if kind != SLIDING:
+            compressor = CompressorCache(ratio, overlap=kind == CSA)
+        if kind == CSA:
+            indexer = CompressorCache(ratio, overlap=True)
+        window = SharedWindowCache(self.args.sliding_window)
+        return WindowCompressorCache(window, compressor, indexer)
 
     def shard(self, group: Optional[mx.distributed.Group] = None) -> None:
         """Split attention heads, by whole output groups, and the hidden units
@@ -866,8 +765,7 @@ class Model(nn.Module):
         args = self.args
         block = (args.quantization_config or {}).get("weight_block_size", (128, 128))
         mtp = self._keep_mtp(weights)
-        params = tree_flatten(self.parameters(), destination={})
-        clean, parts, problems = {}, {}, {}
+        out, parts, problems = {}, {}, {}
         for key, value in weights.items():
             # The MTP block is only used for speculative decoding.
             if _MTP_KEY.search(key) and not mtp:
@@ -875,63 +773,47 @@ class Model(nn.Module):
             name = key
             for old, new in _RENAMES:
                 name = old.sub(new, name)
-            if match := _EXPERT_KEY.fullmatch(name):
-                prefix, index, proj, kind = match.groups()
-                group = f"{prefix}.switch_mlp.{proj}", args.n_routed_experts
-            elif match := _WO_A_KEY.fullmatch(name):
+            if match := _PART_KEY.fullmatch(name):
                 prefix, index, kind = match.groups()
-                group = prefix, args.o_groups
+                count = (
+                    args.o_groups if prefix.endswith("wo_a") else args.n_routed_experts
+                )
+                parts.setdefault((prefix, kind, count), {})[int(index)] = key, value
             else:
-                clean[name] = (key, value)
-                continue
-            kinds = parts.setdefault(group, {})
-            kinds.setdefault(kind, {})[int(index)] = (key, value)
-        for (prefix, count), kinds in parts.items():
-            bad = {}
-            for members in kinds.values():
+                out[name] = value
+        for (prefix, kind, count), members in parts.items():
+            if set(members) != set(range(count)):
                 missing = sorted(set(range(count)) - set(members))
                 extra = sorted(set(members) - set(range(count)))
-                if missing or extra:
-                    key = members[min(members)][0]
-                    bad[key] = f"parts missing {missing}, unexpected {extra}"
-            problems.update(bad)
-            for kind, members in () if bad else kinds.items():
-                value = mx.stack([members[i][1] for i in range(count)])
-                clean[f"{prefix}.{kind}"] = (members[0][0], value)
-        for name in [n for n in clean if n.endswith(".scale")]:
-            prefix = name.removesuffix(".scale")
-            key, weight = clean.get(f"{prefix}.weight", (None, None))
-            if weight is not None and weight.dtype in (mx.uint8, mx.int8):
-                try:
-                    packed = _repack(weight, clean.pop(name)[1], block)
-                except ValueError as e:
-                    problems[key] = str(e)
-                    continue
-                clean[f"{prefix}.weight"] = (key, packed[0])
-                clean[f"{prefix}.scales"] = (key, packed[1])
-        out = {}
-        for name, (key, value) in clean.items():
-            prefix, _, kind = name.rpartition(".")
-            if kind in ("scales", "biases"):
-                name_in_model = f"{prefix}.weight"
+                key = members[min(members)][0]
+                problems[key] = f"parts missing {missing}, unexpected {extra}"
             else:
-                name_in_model = name
-            if prefix.endswith(".attn.wo_a") and value.ndim == 2:
-                # One 2-D weight holds all the output groups.
-                value = value.reshape(args.o_groups, -1, value.shape[-1])
-            if name_in_model not in params:
-                problems[key] = "no parameter of the model takes it"
-            elif kind == "weight" and value.dtype in (mx.uint8, mx.int8):
-                problems[key] = f"an fp8 or fp4 weight needs {key[:-6]}scale"
-            elif f"{prefix}.scales" not in clean and value.shape != params[name].shape:
-                shape = tuple(params[name].shape)
-                problems[key] = f"has shape {tuple(value.shape)}, not {shape}"
-            out[name] = value.astype(mx.int32) if kind == "tid2eid" else value
+                out[f"{prefix}.{kind}"] = mx.stack(
+                    [members[i][1] for i in range(count)]
+                )
+        for name in [n for n in out if n.endswith(".weight")]:
+            prefix = name.removesuffix(".weight")
+            if out[name].dtype not in (mx.uint8, mx.int8):
+                continue
+            if f"{prefix}.scale" not in out:
+                problems[name] = "an fp8 or fp4 weight needs its scale"
+                continue
+            try:
+                scale = out.pop(f"{prefix}.scale")
+                out[name], out[f"{prefix}.scales"] = _repack(out[name], scale, block)
+            except ValueError as e:
+                problems[name] = str(e)
         if problems:
             raise ValueError(
-                f"Cannot load {len(problems)} DeepSeek-V4 checkpoint keys:\n"
+                f"Cannot load {len(problems)} DeepSeek-V4 checkpoint weights:\n"
                 + "\n".join(f"  {k}: {why}" for k, why in sorted(problems.items()))
             )
+        for name, value in out.items():
+            if ".attn.wo_a." in name and value.ndim == 2:
+                # One 2-D weight holds all the output groups.
+                out[name] = value.reshape(args.o_groups, -1, value.shape[-1])
+            elif name.endswith(".tid2eid"):
+                out[name] = value.astype(mx.int32)
         return out
 
     def _keep_mtp(self, weights: Dict[str, mx.array]) -> bool:
