@@ -11,10 +11,11 @@ both are printed.
 
 ``--decode`` profiles one decode step instead, as
 ``mlx_lm.generate.generate_step`` runs it: the host time to build the step's
-graph (the Python forward, nothing evaluated), by module, with no barriers;
-the time of ``mx.async_eval`` and of the wait for the device after it, of a
-blocking ``mx.eval``, and of a pipelined step; and the primitives in the
-step's graph, by kind and per layer. Times are medians over ``--steps``.
+graph (the Python forward, nothing evaluated) with no barriers, by module
+(means over the quicker half of the steps); the time of ``mx.async_eval``
+and of the wait for the device after it, of a blocking ``mx.eval``, and of a
+pipelined step (medians over ``--steps``); and the primitives in the step's
+graph, by kind, per layer and by module.
 
 Modules nest (a layer holds its attention, which holds the indexer): "total"
 times overlap, "self" times (less the timed modules inside) do not. ``--peer``
@@ -105,13 +106,9 @@ class Meter:
             setattr(owner, attr, fn)
         self.restore.clear()
 
-    def take(self, unit=1.0, runs=1):
-        """{name: (total, self, calls)} since the last call, in ``unit``s,
-        per run."""
-        out = {
-            k: (t / unit / runs, s / unit / runs, n / runs)
-            for k, (t, s, n) in self.totals.items()
-        }
+    def take(self, unit=1.0):
+        """{name: (total, self, calls)} since the last call, in ``unit``s."""
+        out = {k: (t / unit, s / unit, n) for k, (t, s, n) in self.totals.items()}
         self.totals.clear()
         return out
 
@@ -344,18 +341,23 @@ def decode_profile(name, model, forward, args, vocab):
     meter = Meter()
     instrument(meter, model, cache)
     meter.active = True
-    build_metered = statistics.median(step(False)[0] for _ in range(args.steps))
+    runs = [(step(False)[0], meter.take(1e-3)) for _ in range(args.steps)]
     meter.unwrap()
+    metered = statistics.median(r[0] for r in runs)
+    # Means over the quicker half of the steps: a busy host only slows steps
+    # down, and a compressor closes a window one step in its ratio.
+    runs.sort(key=lambda r: r[0])
+    quick = [times for _, times in runs[: (len(runs) + 1) // 2]]
+    modules = {
+        k: [sum(t.get(k, (0, 0, 0))[i] for t in quick) / len(quick) for i in range(3)]
+        for k in set().union(*quick)
+    }
 
-    print(f"{name}: one decode step after {args.context} tokens, ms")
-    print(
-        f"  medians: build the graph {build:.2f}, async_eval {async_eval:.2f}, ", end=""
-    )
-    print(f"then wait {wait:.2f}; blocking eval {eval_ms:.2f}")
+    print(f"{name}: one decode step after {args.context} tokens, ms (medians)")
+    print(f"  build the graph {build:.2f}, with every module timed {metered:.2f}")
+    print(f"  async_eval {async_eval:.2f}, then wait {wait:.2f}; or eval {eval_ms:.2f}")
     print(f"  pipelined (generate_step's loop): {pipelined:.2f} a step")
-    print(f"  build with every module timed: {build_metered:.2f}")
-    # Means: a compressor closes a window one step in its ratio.
-    print_table(meter.take(1e-3, args.steps), "module (mean host time to build)")
+    print_table(modules, "module (host time to build)")
     print_primitives(*count_primitives(driver, y, cache))
 
 
