@@ -11,8 +11,8 @@ both are printed.
 
 ``--decode`` profiles one decode step instead, as
 ``mlx_lm.generate.generate_step`` runs it: the host time to build the step's
-graph (the Python forward, nothing evaluated) with no barriers, by module
-(means over the quicker half of the steps); the time of ``mx.async_eval``
+graph (the Python forward, nothing evaluated) with no barriers, by module;
+the time of ``mx.async_eval``
 and of the wait for the device after it, of a blocking ``mx.eval``, and of a
 pipelined step (medians over ``--steps``); and the primitives in the step's
 graph, by kind, per layer and by module.
@@ -344,14 +344,15 @@ def decode_profile(name, model, forward, args, vocab):
     runs = [(step(False)[0], meter.take(1e-3)) for _ in range(args.steps)]
     meter.unwrap()
     metered = statistics.median(r[0] for r in runs)
-    # Means over the quicker half of the steps: a busy host only slows steps
-    # down, and a compressor closes a window one step in its ratio.
-    runs.sort(key=lambda r: r[0])
-    quick = [times for _, times in runs[: (len(runs) + 1) // 2]]
-    modules = {
-        k: [sum(t.get(k, (0, 0, 0))[i] for t in quick) / len(quick) for i in range(3)]
-        for k in set().union(*quick)
-    }
+    # The median time of a call, times the mean calls a step: a busy host
+    # only slows steps down, and a compressor closes a window one step in
+    # its ratio.
+    modules = {}
+    for k in set().union(*(t for _, t in runs)):
+        seen = [t[k] for _, t in runs if k in t]
+        calls = sum(n for *_, n in seen) / len(runs)
+        total, own = (statistics.median(v[i] / v[2] for v in seen) for i in (0, 1))
+        modules[k] = (total * calls, own * calls, calls)
 
     print(f"{name}: one decode step after {args.context} tokens, ms (medians)")
     print(f"  build the graph {build:.2f}, with every module timed {metered:.2f}")
