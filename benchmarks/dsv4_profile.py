@@ -11,11 +11,11 @@ both are printed.
 
 ``--decode`` profiles one decode step instead, as
 ``mlx_lm.generate.generate_step`` runs it: the host time to build the step's
-graph (the Python forward, nothing evaluated) with no barriers, by module;
-the time of ``mx.async_eval``
-and of the wait for the device after it, of a blocking ``mx.eval``, and of a
-pipelined step (medians over ``--steps``); and the primitives in the step's
-graph, by kind, per layer and by module.
+graph (the Python forward, nothing evaluated), by module with no barriers
+(means over ``--steps``); the time of ``mx.async_eval`` and of the wait for
+the device after it, of a blocking ``mx.eval``, and of a pipelined step
+(medians); and the primitives in the step's graph, by kind, per layer and by
+module.
 
 Modules nest (a layer holds its attention, which holds the indexer): "total"
 times overlap, "self" times (less the timed modules inside) do not. ``--peer``
@@ -341,18 +341,11 @@ def decode_profile(name, model, forward, args, vocab):
     meter = Meter()
     instrument(meter, model, cache)
     meter.active = True
-    runs = [(step(False)[0], meter.take(1e-3)) for _ in range(args.steps)]
+    metered = statistics.median(step(False)[0] for _ in range(args.steps))
     meter.unwrap()
-    metered = statistics.median(r[0] for r in runs)
-    # The median time of a call, times the mean calls a step: a busy host
-    # only slows steps down, and a compressor closes a window one step in
-    # its ratio.
-    modules = {}
-    for k in set().union(*(t for _, t in runs)):
-        seen = [t[k] for _, t in runs if k in t]
-        calls = sum(n for *_, n in seen) / len(runs)
-        total, own = (statistics.median(v[i] / v[2] for v in seen) for i in (0, 1))
-        modules[k] = (total * calls, own * calls, calls)
+    # Means (a compressor closes a window one step in its ratio).
+    n = args.steps
+    modules = {k: (t / n, s / n, c / n) for k, (t, s, c) in meter.take(1e-3).items()}
 
     print(f"{name}: one decode step after {args.context} tokens, ms (medians)")
     print(f"  build the graph {build:.2f}, with every module timed {metered:.2f}")
