@@ -165,8 +165,7 @@ def instrument(meter, model, cache, rows=True):
         for base in cls.__mro__[:-1] if cls else ():
             for attr in methods:
                 if attr in base.__dict__:
-                    name = f"{cls.__name__}.{attr}"
-                    meter.wrap(base, attr, lambda c, n=name: n)
+                    meter.wrap(base, attr, name_of(attr))
 
 
 def print_table(totals, title, unit="ms"):
