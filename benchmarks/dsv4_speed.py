@@ -541,7 +541,8 @@ def batch_step(args, model):
 def speculative(args, config, driver):
     """What speculative decoding can gain: the time of one forward over k + 1
     tokens against one token at each --decode context, then greedy tok/s with
-    a tiny random draft (2 layers, hidden 256) against plain decoding."""
+    a tiny random draft (2 layers, hidden 256) and with the model's own MTP
+    block (random weights, so it drafts at chance) against plain decoding."""
     from mlx_lm.generate import generate_step, speculative_generate_step
 
     from mlx_lm.models.cache import trim_prompt_cache
@@ -576,6 +577,9 @@ def speculative(args, config, driver):
         ("plain", None),
         ("draft k=3", dict(draft_model=draft, num_draft_tokens=3)),
         ("draft k=5", dict(draft_model=draft, num_draft_tokens=5)),
+        ("mtp k=1", dict(mtp=True, num_draft_tokens=1)),
+        ("mtp k=2", dict(mtp=True, num_draft_tokens=2)),
+        ("mtp k=3", dict(mtp=True, num_draft_tokens=3)),
     ):
         if kwargs is None:
             steps = generate_step(prompt, model, max_tokens=args.steps)
@@ -636,6 +640,10 @@ def main():
     args = parser.parse_args()
 
     config = make_config(args)
+    if args.speculative:
+        # The MTP block after the layers, a CSA layer as Flash's.
+        config["num_nextn_predict_layers"] = 1
+        config["compress_ratios"] = config["compress_ratios"] + [4]
     print(
         f"DeepSeek-V4: {config['num_hidden_layers']} layers "
         f"{config['compress_ratios']}, hidden {config['hidden_size']}, "
