@@ -1306,6 +1306,9 @@ class TestScaleLayout(unittest.TestCase):
             deepseek_v4._repack(weight, scales * 1.5, (128, 128))
         with self.assertRaisesRegex(ValueError, r"\(2, 2\)"):
             deepseek_v4._repack(weight, exponents[:, :2], (128, 128))
+        # Blocks must hold whole groups of 32 columns.
+        with self.assertRaisesRegex(ValueError, "48-column blocks"):
+            deepseek_v4._repack(weight, mx.full((2, 7), 127, mx.uint8), (128, 48))
 
 
 class TestReleasedFormat(unittest.TestCase):

@@ -226,12 +226,16 @@ with open({{out}}.format(group.rank()), "w") as f:
 """
 
 
-def _launcher():
+def ring_command(test, ranks, *argv):
+    """mlx.launch's command running this Python with argv on ranks processes
+    of the ring backend on loopback; skips test where it cannot start."""
     bin_dir = os.path.dirname(sys.executable)
     launcher = shutil.which("mlx.launch", path=bin_dir) or shutil.which("mlx.launch")
     if launcher is None or not mx.distributed.is_available("ring"):
-        return None
-    return launcher
+        test.skipTest("mlx.launch with the ring backend is not available")
+    port = str(_free_port())
+    ring = ["-n", str(ranks), "--backend", "ring", "--starting-port", port]
+    return [launcher, *ring, "--", sys.executable, *argv]
 
 
 def _free_port():
@@ -255,25 +259,11 @@ def launch(test, script, ranks, timeout=240):
     """Run script on ranks processes of mlx.launch's ring backend on loopback
     ({out} in it names each rank's JSON file) and return their results, or
     skip test where the launcher is not available."""
-    launcher = _launcher()
-    if launcher is None:
-        test.skipTest("mlx.launch with the ring backend is not available")
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "rank{}.json")
         path = Path(tmp) / "script.py"
         path.write_text(script.replace("{out}", repr(out)))
-        command = [
-            launcher,
-            "-n",
-            str(ranks),
-            "--backend",
-            "ring",
-            "--starting-port",
-            str(_free_port()),
-            "--",
-            sys.executable,
-            str(path),
-        ]
+        command = ring_command(test, ranks, str(path))
         # Its own session, so that a rank left waiting is killed with it.
         run = subprocess.Popen(
             command,
@@ -561,33 +551,14 @@ class TestDeepseekV4Pipeline(unittest.TestCase):
                 self.assertLess(pipeline["nbytes"], 0.7 * one["nbytes"])
 
     def test_server_pipeline_serves_the_same_text(self):
-        launcher = _launcher()
-        if launcher is None:
-            self.skipTest("mlx.launch with the ring backend is not available")
         prompt = "The quick brown fox"
         with tempfile.TemporaryDirectory() as tmp:
             path = sharded_folder(Path(tmp) / "model", TINY_PRO_CONFIG)
             model, tokenizer = load(str(path))
             expected = generate(model, tokenizer, prompt, max_tokens=PIPELINE_STEPS)
             port = _free_port()
-            command = [
-                launcher,
-                "-n",
-                "2",
-                "--backend",
-                "ring",
-                "--starting-port",
-                str(_free_port()),
-                "--",
-                sys.executable,
-                "-m",
-                "mlx_lm.server",
-                "--model",
-                str(path),
-                "--pipeline",
-                "--port",
-                str(port),
-            ]
+            server = ("-m", "mlx_lm.server", "--model", str(path), "--pipeline")
+            command = ring_command(self, 2, *server, "--port", str(port))
             with open(Path(tmp) / "log", "w+") as log:
                 server = subprocess.Popen(
                     command, stdout=log, stderr=log, start_new_session=True
