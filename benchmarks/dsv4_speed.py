@@ -16,8 +16,13 @@ alternating with this model at each length, and prints the ratios.
     python benchmarks/dsv4_speed.py --bf16-vs-fp32        # logit error of bf16
     python benchmarks/dsv4_speed.py --layers 43 --experts 8 --long-decode 65536 \
         --report 512 --seconds 400                        # Flash's 43 layers
+    python benchmarks/dsv4_speed.py --layers 43 --experts 8 --bits 4 --peer
+                                                          # 4-bit, as convert -q
     python benchmarks/dsv4_speed.py --tiny --dtype float32 --prefill 256 \
         --decode 128 --peer                               # on a CPU
+
+"of bandwidth" is the share of ``--bandwidth`` that the weights a decode
+token reads take at the measured rate (1.0: bound by memory).
 
 MLX's CPU backend multiplies gathered experts in float32 only. mlx-vlm picks
 the indexer's top-k approximately (HISA) past 1,024 entries unless
@@ -204,8 +209,42 @@ def import_peer():
     return LanguageModel, ModelConfig, __version__
 
 
-def make_peer(config, weights, exact_indexer=False):
-    """mlx-vlm's model holding the same arrays as this model."""
+def quantize(model, bits, group_size, paths=None):
+    """Quantize ``model`` as ``mlx_lm.convert -q`` does (affine), or the
+    modules at ``paths`` only; return the paths quantized."""
+    import mlx.nn as nn
+
+    from mlx_lm.utils import quantize_model
+
+    if paths is None:
+        quantize_model(model, {}, group_size, bits)
+    else:
+        nn.quantize(
+            model, group_size, bits, class_predicate=lambda path, _: path in paths
+        )
+    return {p for p, m in model.named_modules() if "scales" in m}
+
+
+def step_bytes(model):
+    """The bytes of weights one decode token reads: every weight, the
+    routed experts' in the share of experts a token picks, one embedding
+    row. The caches' reads (under 1% at 32K here) are left out."""
+    args = model.args
+    share = args.num_experts_per_tok / args.n_routed_experts
+    total = 0
+    for name, value in tree_flatten(model.parameters()):
+        if ".switch_mlp." in name:
+            total += value.nbytes * share
+        elif "embed_tokens" in name:
+            total += value.nbytes / value.shape[0]
+        else:
+            total += value.nbytes
+    return total
+
+
+def make_peer(config, weights, exact_indexer=False, quantized=(), bits=4, group=64):
+    """mlx-vlm's model holding the same arrays as this model (quantized at
+    the same ``quantized`` paths)."""
     LanguageModel, ModelConfig, _ = import_peer()
     names = {f.name for f in dataclasses.fields(ModelConfig)}
     if exact_indexer:
@@ -214,6 +253,13 @@ def make_peer(config, weights, exact_indexer=False):
     model = LanguageModel(
         ModelConfig(**{k: v for k, v in config.items() if k in names})
     )
+    if quantized:
+        done = quantize(model, bits, group, quantized)
+        if done != quantized:
+            raise SystemExit(
+                "mlx-vlm cannot quantize the same modules: "
+                f"{sorted(done ^ quantized)[:8]}"
+            )
     # Both models name their parameters as mlx_lm's checkpoint does.
     mine = dict(weights)
     theirs = dict(tree_flatten(model.parameters()))
@@ -325,7 +371,7 @@ def parse_lengths(text):
     return [int(s) for s in text.split(",") if s]
 
 
-def speed(args, config, drivers, weight_bytes):
+def speed(args, config, drivers, weight_bytes, read):
     prefill, decode = parse_lengths(args.prefill), parse_lengths(args.decode)
     lengths = sorted(set(prefill) | set(decode))
     # Warm up: kernels are built on first use. Two chunks reach the paths
@@ -358,6 +404,10 @@ def speed(args, config, drivers, weight_bytes):
         key: {k: statistics.median(r[k] for r in rs) for k in rs[0]}
         for key, rs in runs.items()
     }
+    for r in results.values():
+        if "decode" in r:
+            # The share of the memory bandwidth a decode step's weights take.
+            r["bandwidth"] = r["decode"] * read / (args.bandwidth * 1e9)
 
     gb = 1 << 30
     columns = [
@@ -365,6 +415,7 @@ def speed(args, config, drivers, weight_bytes):
         ("prefill peak GB", "prefill_peak", gb, "{:>10.3f}"),
         ("decode tok/s", "decode", 1, "{:>10.1f}"),
         ("decode peak GB", "decode_peak", gb, "{:>10.3f}"),
+        ("of bandwidth", "bandwidth", 1, "{:>10.3f}"),
         ("primitives/step", "primitives", 1, "{:>10.0f}"),
     ]
     names = [d.name for d in drivers]
@@ -625,6 +676,16 @@ def main():
     )
     parser.add_argument("--bf16-vs-fp32", action="store_true")
     parser.add_argument(
+        "--bits", type=int, help="quantize both models (affine, as convert -q)"
+    )
+    parser.add_argument("--group-size", type=int, default=64)
+    parser.add_argument(
+        "--bandwidth",
+        type=float,
+        default=4800,
+        help="the device's memory bandwidth, GB/s (H200: 4,800)",
+    )
+    parser.add_argument(
         "--long-decode", type=int, help="decode this many tokens after --prefill"
     )
     parser.add_argument("--report", type=int, default=4096)
@@ -658,9 +719,19 @@ def main():
 
     dtype = getattr(mx, args.dtype)
     fork = make_fork(config, dtype=dtype, seed=args.seed)
+    quantized = ()
+    if args.bits:
+        quantized = quantize(fork, args.bits, args.group_size)
+        mx.eval(fork.parameters())
     weights = tree_flatten(fork.parameters())
     weight_bytes = sum(v.nbytes for _, v in weights)
-    print(f"weights {weight_bytes / 2**30:.2f} GB")
+    read = step_bytes(fork)
+    print(
+        f"weights {weight_bytes / 2**30:.2f} GB"
+        + (f" ({args.bits}-bit affine, group {args.group_size})" if args.bits else "")
+        + f", {read / 2**30:.2f} GB read a decode token: at "
+        f"{args.bandwidth:g} GB/s at most {args.bandwidth * 1e9 / read:.0f} tok/s"
+    )
     drivers = [Driver("fork", fork, forward_fn(fork, False), args.prefill_step)]
     if args.long_decode:
         long_decode(args, drivers[0])
@@ -672,9 +743,16 @@ def main():
         speculative(args, config, drivers[0])
         return
     if args.peer:
-        peer = make_peer(config, weights, args.peer_exact_indexer)
+        peer = make_peer(
+            config,
+            weights,
+            args.peer_exact_indexer,
+            quantized,
+            args.bits,
+            args.group_size,
+        )
         drivers.append(Driver("peer", peer, forward_fn(peer, True), args.prefill_step))
-    speed(args, config, drivers, weight_bytes)
+    speed(args, config, drivers, weight_bytes, read)
 
 
 if __name__ == "__main__":
