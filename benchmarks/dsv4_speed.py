@@ -213,7 +213,6 @@ def quantize(model, bits, group_size, paths=None):
     """Quantize ``model`` as ``mlx_lm.convert -q`` does (affine), or the
     modules at ``paths`` only; return the paths quantized."""
     import mlx.nn as nn
-
     from mlx_lm.utils import quantize_model
 
     if paths is None:
