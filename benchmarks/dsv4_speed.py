@@ -18,8 +18,6 @@ alternating with this model at each length, and prints the ratios.
         --report 512 --seconds 400                        # Flash's 43 layers
     python benchmarks/dsv4_speed.py --layers 43 --experts 8 --bits 4 --peer
                                                           # 4-bit, as convert -q
-    python benchmarks/dsv4_speed.py --plain-vs-compiled --decode 1024 --repeat 3
-                                                          # the compiled decode calls
     python benchmarks/dsv4_speed.py --tiny --dtype float32 --prefill 256 \
         --decode 128 --peer                               # on a CPU
 
@@ -649,54 +647,6 @@ def speculative(args, config, driver):
         print(f"{name:9} {rate:.1f} tok/s after a {context}-token prompt{extra}")
 
 
-def plain_vs_compiled(args, config, driver):
-    """Decode with the layers' compiled decode calls and with the plain
-    functions in their place, alternating, in one process on one model;
-    also one step's host time to build its graph, ``async_eval`` and the
-    wait after it (medians of 8 steps)."""
-    layers = driver.model.model.layers
-    context = parse_lengths(args.decode)[0]
-    prompt = mx.arange(context) % config["vocab_size"]
-    rates = {False: [], True: []}
-    for run in range(args.repeat + 1):
-        for plain in (False, True):
-            for layer in layers:
-                steps = (layer._before_attention, layer._after_attention)
-                layer._decode_steps = steps if plain else None
-            cache, y = driver.prefill(prompt)
-            y = driver.decode(y, cache, 4)
-            tic = time.perf_counter()
-            y = driver.decode(y, cache, args.steps)
-            rate = args.steps / (time.perf_counter() - tic)
-            parts = []
-            for _ in range(8):
-                mx.eval(y)
-                t0 = time.perf_counter()
-                y = driver._step(y, cache)
-                t1 = time.perf_counter()
-                mx.async_eval(y)
-                t2 = time.perf_counter()
-                y.item()
-                parts.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
-            build, issue, wait = (
-                statistics.median(p[i] for p in parts) * 1e3 for i in range(3)
-            )
-            # The first round warms both up.
-            if run:
-                rates[plain].append(rate)
-            print(
-                f"  {'plain' if plain else 'compiled':8} {rate:6.1f} tok/s; one step: "
-                f"build {build:.2f} ms, async_eval {issue:.2f}, wait {wait:.2f}",
-                flush=True,
-            )
-            del cache, y
-    compiled, plain = (statistics.median(rates[k]) for k in (False, True))
-    print(
-        f"decode after {context} tokens, medians of {args.repeat}: compiled "
-        f"{compiled:.1f} tok/s, plain {plain:.1f}, ratio {compiled / plain:.3f}"
-    )
-
-
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=6, help="43: Flash's schedule")
@@ -747,11 +697,6 @@ def main():
     parser.add_argument(
         "--seconds", type=float, help="end the long decode after this long"
     )
-    parser.add_argument(
-        "--plain-vs-compiled",
-        action="store_true",
-        help="decode with the layers' compiled decode calls and without",
-    )
     args = parser.parse_args()
 
     config = make_config(args)
@@ -795,9 +740,6 @@ def main():
         return
     if args.speculative:
         speculative(args, config, drivers[0])
-        return
-    if args.plain_vs_compiled:
-        plain_vs_compiled(args, config, drivers[0])
         return
     if args.peer:
         peer = make_peer(

@@ -199,20 +199,16 @@ class Compressor(nn.Module):
         self.norm = nn.RMSNorm(head_dim, eps=args.rms_norm_eps)
         self._freqs = _rope_freqs(args, True, head_dim)
 
-    def project(self, x: mx.array):
-        return self.wkv(x), self.wgate(x)
-
     def __call__(
-        self, projected, cache: CompressorCache, rows: WindowRows
+        self, x: mx.array, cache: CompressorCache, rows: WindowRows
     ) -> Optional[mx.array]:
-        """Pool each window of ratio rows that the rows' projections (of
-        ``project``) close into one entry; return the pool (entry w of a row
-        in its slot w), or None."""
-        windows = cache.update_and_fetch(*projected, rows)
+        """Pool each window of ratio rows that x closes into one entry; return
+        the pool (entry w of a row in its slot w), or None."""
+        windows = cache.update_and_fetch(self.wkv(x), self.wgate(x), rows)
         if windows is None:
             return cache.pool
         *windows, first = windows
-        pool = _pool_step if rows.length == 1 else _pool
+        pool = _pool_step if x.shape[1] == 1 else _pool
         entries = pool(
             *windows,
             self.ape,
@@ -223,7 +219,7 @@ class Compressor(nn.Module):
             self.overlap,
             self.norm.eps,
         )
-        return cache.update_pool(entries.astype(projected[0].dtype), first)
+        return cache.update_pool(entries.astype(x.dtype), first)
 
 
 def _pool(
@@ -267,38 +263,26 @@ class Indexer(nn.Module):
         self.compressor = Compressor(args, ratio, self.head_dim, overlap=True)
         self._freqs = _rope_freqs(args, True, self.head_dim)
 
-    def picks(self, rows: WindowRows) -> bool:
-        """Whether the rows see more entries than the queries pick."""
-        return rows.entries(self.ratio)[0] > self.index_topk
-
-    def project(self, x: mx.array, qr: mx.array, shift: mx.array, picks: bool):
-        """The compressor's projections and, where the queries pick, the
-        rotated queries [B, heads, L, dims] and their weights [B, L, heads]."""
-        if not picks:
-            return self.compressor.project(x), None, None
+    def __call__(
+        self, x: mx.array, qr: mx.array, cache: CompressorCache, rows: WindowRows
+    ) -> Optional[mx.array]:
+        """The entries each query attends to [B, L, k], or None where every
+        visible entry is picked."""
+        keys = self.compressor(x, cache, rows)
+        n, visible = rows.entries(self.ratio)
+        if n <= self.index_topk:
+            return None
         batch, length, _ = x.shape
         q = self.wq_b(qr).reshape(batch, length, self.n_heads, self.head_dim)
         rope = _rope_step if length == 1 else _rope
-        q = rope(q.transpose(0, 2, 1, 3), self._freqs, shift)
-        return self.compressor.project(x), q, self.weights_proj(x)
-
-    def __call__(
-        self, projected, cache: CompressorCache, rows: WindowRows
-    ) -> Optional[mx.array]:
-        """The entries each query attends to [B, L, k], or None where every
-        visible entry is picked (``projected``: of ``project``)."""
-        compressed, q, weights = projected
-        keys = self.compressor(compressed, cache, rows)
-        if q is None:
-            return None
-        n, visible = rows.entries(self.ratio)
-        length = rows.length
+        q = rope(q.transpose(0, 2, 1, 3), self._freqs, rows.shift)
         # In the keys' dtype, heads next to the entries [B, L, heads, n]: a
         # float32 copy of the whole pool per step costs more than it gains
         # (DeepSeek's code even rounds these to fp4). A prompt's queries go
         # in blocks, so the scores of a long context stay small.
         q = q.swapaxes(1, 2).astype(keys.dtype)
         keys = keys[:, None, :n].swapaxes(-1, -2)
+        weights = self.weights_proj(x)
         scale = (self.n_heads * self.head_dim) ** -0.5
         k = self.index_topk
         entries = mx.arange(n)
@@ -365,46 +349,24 @@ class Attention(nn.Module):
     def __call__(
         self, x: mx.array, cache: WindowCompressorCache, rows: WindowRows
     ) -> mx.array:
-        projected = self.project(x, rows.shift, self.picks(rows))
-        return self.output(self.attend(projected, cache, rows), rows.shift)
-
-    def picks(self, rows: WindowRows) -> bool:
-        """Whether the queries pick their own top-k entries."""
-        return self.kind == CSA and self.indexer.picks(rows)
-
-    def project(self, x: mx.array, shift: mx.array, picks: bool):
-        """What the attention computes from x alone: the rotated queries
-        [B, H, L, D] and window rows [B, L, D], and the compressor's and the
-        indexer's projections (its queries where they pick)."""
         batch, length, _ = x.shape
         qr = self.q_norm(self.wq_a(x))
         q = self.wq_b(qr).reshape(batch, length, self.n_heads, self.head_dim)
         q = mx.fast.rms_norm(q, None, self.eps).transpose(0, 2, 1, 3)
         rope = _rope_step if length == 1 else _rope
-        q = rope(q, self._freqs, shift)
-        kv = rope(self.kv_norm(self.wkv(x)), self._freqs, shift)
-        compressed = indexed = None
-        if self.kind != SLIDING:
-            compressed = self.compressor.project(x)
-        if self.kind == CSA:
-            indexed = self.indexer.project(x, qr, shift, picks)
-        return q, kv, compressed, indexed
+        q = rope(q, self._freqs, rows.shift)
+        kv = rope(self.kv_norm(self.wkv(x)), self._freqs, rows.shift)
 
-    def attend(self, projected, cache: WindowCompressorCache, rows: WindowRows):
-        """The heads' outputs [B, H, L, D] (of ``project``'s projections),
-        once the cache has the rows."""
-        q, kv, compressed, indexed = projected
-        length = rows.length
         # One attention over the keys of the window and the compressed keys,
         # each query masked to what it sees, with the sink in the softmax:
         # the whole visible HCA pool, or a CSA query's top-k entries.
         window = cache.update_and_fetch(kv, rows)
         pool = seen = chosen = None
         if self.kind != SLIDING:
-            entries = self.compressor(compressed, cache.compressor, rows)
+            entries = self.compressor(x, cache.compressor, rows)
             n, visible = rows.entries(self.compressor.ratio)
             if self.kind == CSA:
-                chosen = self.indexer(indexed, cache.indexer, rows)
+                chosen = self.indexer(x, qr, cache.indexer, rows)
             if chosen is not None:
                 pool, seen = entries, chosen < visible[..., None]
             elif n > 0:
@@ -416,7 +378,7 @@ class Attention(nn.Module):
                 # One query: its entries are the keys of all its heads.
                 pool = mx.take_along_axis(pool, chosen[:, 0, :, None], axis=1)
             out = self._dense(q, window, pool, seen, rows)
-        return out
+        return self._output(out, rows)
 
     def _dense(self, q, window, pool, seen, rows):
         """Attention of queries that share their keys: the window rows and
@@ -487,12 +449,11 @@ class Attention(nn.Module):
             out.append(weights @ keys)
         return mx.concatenate(out, axis=1).swapaxes(1, 2)
 
-    def output(self, out: mx.array, shift: mx.array) -> mx.array:
-        """The heads' outputs [B, H, L, D] projected back [B, L, hidden]."""
+    def _output(self, out: mx.array, rows: WindowRows) -> mx.array:
         batch, _, length, _ = out.shape
         # Undo the keys' rotation at the query position.
         rope = _rope_step if length == 1 else _rope
-        out = rope(out, self._inverse_freqs, shift).swapaxes(1, 2)
+        out = rope(out, self._inverse_freqs, rows.shift).swapaxes(1, 2)
         # Each group of heads has its own projection: [B, groups, L, dims].
         out = out.reshape(batch, length, self.o_groups, -1).swapaxes(1, 2)
         # Plain weights as one batched matmul: gather_mm of whole groups
@@ -559,7 +520,6 @@ class DecoderLayer(nn.Module):
         self.ffn_norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.attn_hc = HyperConnection(args)
         self.ffn_hc = HyperConnection(args)
-        self._decode_steps = None
 
     def unfreeze(self, **kwargs) -> nn.Module:
         super().unfreeze(**kwargs)
@@ -573,32 +533,12 @@ class DecoderLayer(nn.Module):
         cache: WindowCompressorCache,
         rows: WindowRows,
     ) -> mx.array:
-        before, after = self._before_attention, self._after_attention
-        if rows.length == 1 and self.ffn.sharding_group is None:
-            before, after = self._compiled_steps()
-        projected, post, comb = before(h, rows.shift, self.attn.picks(rows))
-        out = self.attn.attend(projected, cache, rows)
-        return after(out, h, post, comb, input_ids, rows.shift)
-
-    def _before_attention(self, h, shift, picks):
         x, post, comb = self.attn_hc.collapse(h)
-        return self.attn.project(self.attn_norm(x), shift, picks), post, comb
-
-    def _after_attention(self, out, h, post, comb, input_ids, shift):
-        h = self.attn_hc.expand(self.attn.output(out, shift), h, post, comb)
+        x = self.attn(self.attn_norm(x), cache, rows)
+        h = self.attn_hc.expand(x, h, post, comb)
         x, post, comb = self.ffn_hc.collapse(h)
         x = self.ffn(self.ffn_norm(x), input_ids)
         return self.ffn_hc.expand(x, h, post, comb)
-
-    def _compiled_steps(self):
-        # A decode step's shapes repeat, so the work before and after the
-        # cache is two compiled calls, with the layer's arrays as inputs.
-        if self._decode_steps is None:
-            self._decode_steps = tuple(
-                mx.compile(f, inputs=self)
-                for f in (self._before_attention, self._after_attention)
-            )
-        return self._decode_steps
 
 
 class HyperHead(nn.Module):
