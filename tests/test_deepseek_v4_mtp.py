@@ -6,12 +6,15 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import unittest
 from pathlib import Path
+from unittest import mock
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.generate import (
+    BatchGenerator,
     generate_step,
     make_mtp_prompt_cache,
     speculative_generate_step,
@@ -29,6 +32,7 @@ from test_deepseek_v4 import (
 )
 from test_server_requests import ServerThread
 
+from mlx_lm import server
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
@@ -444,6 +448,329 @@ class TestMTPCommands(unittest.TestCase):
                     thread.close()
         self.assertEqual(texts[:4], texts[4:8])
         self.assertEqual(texts[:4], texts[8:])
+
+    def test_server_batches_concurrent_requests(self):
+        # Requests at once with --mtp decode as rows of one batch with MTP,
+        # and each gets the text a plain server gives it alone; again through
+        # the prompt caches the batch left.
+        prompts = ["The quick brown fox", "Hello there, how", "A long time ago in"]
+        sizes = []
+
+        class Recording(server.BatchGenerator):
+            def next(self):
+                out = super().next()
+                sizes.append((self.mtp, len(self._generation_batch)))
+                return out
+
+        def complete(thread, i, texts):
+            body = {"prompt": prompts[i], "max_tokens": 40 + 6 * i, "temperature": 0}
+            texts[i] = thread.request("POST", "/v1/completions", body)
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = make_tiny_model_folder(Path(tmp) / "mtp", MTP_CONFIG)
+            thread, alone = ServerThread(path), [None] * 3
+            try:
+                for i in range(3):
+                    complete(thread, i, alone)
+            finally:
+                thread.close()
+            runs = []
+            with mock.patch.object(server, "BatchGenerator", Recording):
+                thread = ServerThread(path, "--mtp", "--num-draft-tokens", "2")
+                try:
+                    for _ in range(2):
+                        texts = [None] * 3
+                        clients = [
+                            threading.Thread(target=complete, args=(thread, i, texts))
+                            for i in range(3)
+                        ]
+                        for c in clients:
+                            c.start()
+                        for c in clients:
+                            c.join()
+                        runs.append(texts)
+                finally:
+                    thread.close()
+        for status, answer in alone + runs[0] + runs[1]:
+            self.assertEqual(status, 200, answer)
+        alone = [answer["choices"][0]["text"] for _, answer in alone]
+        for texts in runs:
+            self.assertEqual([a["choices"][0]["text"] for _, a in texts], alone)
+        self.assertTrue(all(mtp for mtp, _ in sizes))
+        self.assertGreaterEqual(max(n for _, n in sizes), 2)
+
+
+class BatchOracle:
+    """``Oracle`` for a ``BatchGenerator``'s rows: where the block runs on a
+    batch's cache, row b drafts its request's tokens (``sequences[uid]``),
+    wrongly after every ``every``-th position; ``checked`` gets, for each
+    row's input that is the target's stream, whether the block's logits are
+    those of one forward over the whole sequence."""
+
+    def __init__(self, model, sequences, every=5):
+        self.model, self.every = model, every
+        self.sequences = {u: mx.array(s) for u, s in sequences.items()}
+        self.generator, self.checked = None, []
+        self.references = {}
+        for uid, tokens in self.sequences.items():
+            _, hidden = model(tokens[None, :-1], return_hidden=True)
+            block = model.mtp_draft(hidden, tokens[None, 1:], model.make_mtp_cache())
+            mx.eval(hidden, block[0])
+            self.references[uid] = (hidden, block[0][0])
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+    def _rows(self, cache):
+        for batch in (self.generator._generation_batch, self.generator._prompt_batch):
+            if batch.prompt_cache and batch.prompt_cache[-1].cache is cache:
+                return batch.uids
+        return None
+
+    def mtp_draft(self, h, inputs, cache):
+        c = cache[0]
+        uids = None if self.generator is None else self._rows(c)
+        if uids is None:
+            return self.model.mtp_draft(h, inputs, cache)
+        L = inputs.shape[1]
+        starts = [min(s, L) for s in c._skip]
+        lengths = [L - s for s in starts] if c._lengths is None else c._lengths
+        offsets = [o - s for o, s in zip(c.offsets, starts)]
+        logits, out = self.model.mtp_draft(h, inputs, cache)
+        guesses = []
+        for b, uid in enumerate(uids):
+            tokens = self.sequences[uid].tolist()
+            hidden, reference = self.references[uid]
+            row = []
+            for j in range(L):
+                pos = offsets[b] + j
+                right = tokens[pos + 2] if 0 <= pos < len(tokens) - 2 else 0
+                right = right if pos % self.every else (right + 1) % 300
+                row.append(right)
+                if not (starts[b] <= j < starts[b] + lengths[b]):
+                    continue
+                if pos < hidden.shape[1] and mx.allclose(
+                    h[b, j], hidden[0, pos], atol=1e-3
+                ):
+                    ref = reference[pos]
+                    self.checked.append(mx.allclose(logits[b, j], ref, atol=1e-4))
+            guesses.append(row)
+        guess = mx.arange(logits.shape[-1]) == mx.array(guesses)[..., None]
+        # Still through the block's logits, which evaluate its cache.
+        return mx.where(guess, 10.0, -10.0) + 0.0 * logits, out
+
+
+class TestMTPBatch(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.model = make_tiny_model(MTP_CONFIG)
+        mx.random.seed(4)
+        lengths = {"a": 37, "b": 21, "c": 50, "d": 1}
+        cls.prompts = {
+            k: mx.random.randint(2, 300, (n,)).tolist() for k, n in lengths.items()
+        }
+        cls.expected = {k: cls.alone(p, 40) for k, p in cls.prompts.items()}
+
+    @classmethod
+    def alone(cls, prompt, max_tokens):
+        steps = generate_step(
+            mx.array(prompt), cls.model, max_tokens=max_tokens, prefill_step_size=16
+        )
+        return [(int(t), lp) for t, lp in steps]
+
+    def decode(self, inserts, oracle=False, num_draft_tokens=2, **kwargs):
+        """Run a BatchGenerator with MTP that gets the requests of
+        inserts[n] (a name and max_tokens) before its round n. Return each
+        name's responses, the tokens each got in each round, and the
+        largest cache graph."""
+        model = self.model
+        if oracle:
+            sequences = {}
+            model = BatchOracle(self.model, sequences)
+        generator = BatchGenerator(
+            model,
+            mtp=True,
+            num_draft_tokens=num_draft_tokens,
+            prefill_step_size=16,
+            stop_tokens=set(),
+            **kwargs,
+        )
+        if oracle:
+            model.generator = generator
+        names, results, rounds, worst = {}, {}, [], 0
+        step = 0
+        while True:
+            for name, max_tokens in inserts.get(step, []):
+                prompt = self.prompts[name]
+                (uid,) = generator.insert([prompt], max_tokens=[max_tokens])
+                names[uid], results[name] = name, []
+                if oracle:
+                    full = prompt + [t for t, _ in self.expected[name]]
+                    model.sequences[uid] = mx.array(full)
+                    model.references.update(
+                        BatchOracle(self.model, {uid: full}).references
+                    )
+            responses = generator.next_generated()
+            if not responses and step > max(inserts):
+                break
+            counts = {}
+            for r in responses:
+                results[names[r.uid]].append(r)
+                counts[names[r.uid]] = counts.get(names[r.uid], 0) + 1
+            rounds.append(counts)
+            batch = generator._generation_batch
+            if batch.prompt_cache:
+                worst = max(worst, max_cache_graph(batch.prompt_cache[:-1]))
+                mtp_cache = batch.prompt_cache[-1]
+                worst = max(worst, max_cache_graph([mtp_cache.cache]))
+                worst = max(worst, graph_edges(mtp_cache.hidden))
+            step += 1
+        generator.close()
+        self.checked = model.checked if oracle else []
+        return results, rounds, worst
+
+    def assertAlone(self, results, max_tokens):
+        for name, responses in results.items():
+            with self.subTest(request=name):
+                expected = self.expected[name][: max_tokens[name]]
+                self.assertEqual([r.token for r in responses], [t for t, _ in expected])
+                for r, (_, logprobs) in zip(responses, expected):
+                    self.assertTrue(mx.allclose(r.logprobs, logprobs, atol=1e-5))
+                reasons = [r.finish_reason for r in responses]
+                self.assertEqual(reasons, [None] * (len(reasons) - 1) + ["length"])
+
+    def test_greedy_rows_equal_plain_decoding(self):
+        max_tokens = {"a": 40, "b": 31, "c": 40, "d": 25}
+        for k in (1, 2):
+            with self.subTest(num_draft_tokens=k):
+                results, _, _ = self.decode(
+                    {0: list(max_tokens.items())}, num_draft_tokens=k
+                )
+                self.assertAlone(results, max_tokens)
+
+    def test_rows_accept_their_own_counts(self):
+        max_tokens = {"a": 40, "b": 33, "c": 37}
+        results, rounds, worst = self.decode(
+            {0: list(max_tokens.items())}, oracle=True, num_draft_tokens=3
+        )
+        self.assertAlone(results, max_tokens)
+        self.assertLessEqual(worst, GRAPH_BOUND)
+        # Rounds where the rows got different numbers of tokens, none past
+        # its drafts and the target's token.
+        full = [r for r in rounds[1:] if len(r) == 3]
+        self.assertTrue(any(len(set(r.values())) > 1 for r in full), rounds)
+        self.assertLessEqual(max(n for r in rounds for n in r.values()), 4)
+        self.assertLess(len(rounds), 25)
+        # Every read of the target's streams, prompt and rounds, exact.
+        self.assertGreater(len(self.checked), 100)
+        self.assertTrue(all(self.checked))
+
+    def test_requests_joining_mid_decode(self):
+        inserts = {0: [("a", 40)], 4: [("b", 30)], 7: [("d", 20), ("c", 24)]}
+        results, rounds, _ = self.decode(inserts, oracle=True, num_draft_tokens=2)
+        self.assertAlone(results, {"a": 40, "b": 30, "c": 24, "d": 20})
+        self.assertTrue(any(len(r) == 4 for r in rounds), rounds)
+        self.assertTrue(all(self.checked))
+
+    def test_finished_rows_prompt_cache_continues_in_step(self):
+        # Rows end inside rounds (at max_tokens, with drafts accepted past
+        # it): each one's cache holds the tokens given that the target has
+        # seen (all_tokens), the block in step, for the single-request loop
+        # to continue.
+        max_tokens = {"a": 13, "b": 15, "c": 40}
+        results, _, _ = self.decode({0: list(max_tokens.items())}, oracle=True)
+        self.assertAlone(results, max_tokens)
+        unseen = set()
+        for name in "abc":
+            with self.subTest(request=name):
+                unseen.add(self.assertContinues(self.prompts[name], results[name]))
+        # Ends on an accepted draft and on the target's own token.
+        self.assertEqual(unseen, {0, 1})
+
+    def assertContinues(self, prompt, responses):
+        """Continue a finished row's prompt cache; return how many of the
+        tokens given it lacks."""
+        cache, cached = responses[-1].prompt_cache, responses[-1].all_tokens
+        tokens = prompt + [r.token for r in responses]
+        self.assertEqual(cached, tokens[: len(cached)])
+        self.assertEqual(cache[0].size(), len(cached))
+        self.assertEqual(cache[-1].cache.size(), len(cached) - 1)
+        rest = [9, 4, 77]
+        full = tokens + rest
+        expected = [t for t, _ in self.alone(full, 12)]
+        full = mx.array(full + expected)
+        checked = []
+        oracle = Oracle(self.model, full, block_checker(self.model, full, checked))
+        steps = speculative_generate_step(
+            mx.array(tokens[len(cached) :] + rest),
+            oracle,
+            mtp=True,
+            num_draft_tokens=3,
+            prompt_cache=cache,
+            max_tokens=12,
+        )
+        self.assertEqual([s[0] for s in steps], expected)
+        self.assertGreater(len(checked), 3)
+        self.assertTrue(all(checked))
+        return len(tokens) - len(cached)
+
+    def test_a_row_stops_at_its_stop_token(self):
+        stop = self.expected["a"][9][0]
+        end = [t for t, _ in self.expected["a"]].index(stop)
+        generator = BatchGenerator(
+            BatchOracle(self.model, {}),
+            mtp=True,
+            num_draft_tokens=3,
+            stop_tokens=[[stop]],
+        )
+        generator.model.generator = generator
+        uids = generator.insert(
+            [self.prompts["a"], self.prompts["b"]], max_tokens=[40, 20]
+        )
+        for uid, name in zip(uids, "ab"):
+            full = self.prompts[name] + [t for t, _ in self.expected[name]]
+            generator.model.sequences[uid] = mx.array(full)
+            generator.model.references.update(
+                BatchOracle(self.model, {uid: full}).references
+            )
+        got = {u: [] for u in uids}
+        while responses := generator.next_generated():
+            for r in responses:
+                got[r.uid].append((r.token, r.finish_reason))
+        tokens = [t for t, _ in self.expected["a"][: end + 1]]
+        self.assertEqual([t for t, _ in got[uids[0]]], tokens)
+        self.assertEqual(got[uids[0]][-1][1], "stop")
+        self.assertEqual(len(got[uids[1]]), 20)
+
+    def test_cache_graphs_stay_bounded(self):
+        # A CSA and an HCA layer, and a CSA block.
+        config = {**MTP_CONFIG, "num_hidden_layers": 2, "layer_types": None}
+        config.update(compress_ratios=[4, 16, 4], mlp_layer_types=["moe"] * 2)
+        model, self.model = self.model, make_tiny_model(config)
+        try:
+            _, rounds, worst = self.decode(
+                {0: [("a", 300), ("b", 250)], 20: [("d", 200)]}
+            )
+        finally:
+            self.model = model
+        self.assertGreater(len(rounds), 150)
+        self.assertLessEqual(worst, GRAPH_BOUND)
+
+    def test_sampled_rows_keep_to_the_sampler_filters(self):
+        sampler = make_sampler(temp=1.5, top_k=2)
+        mx.random.seed(6)
+        max_tokens = {"a": 30, "b": 30, "c": 30}
+        results, _, _ = self.decode(
+            {0: list(max_tokens.items())}, num_draft_tokens=3, sampler=sampler
+        )
+        for responses in results.values():
+            self.assertEqual(len(responses), 30)
+            for r in responses:
+                self.assertIn(r.token, mx.argsort(-r.logprobs)[:2].tolist())
 
 
 if __name__ == "__main__":
