@@ -510,7 +510,7 @@ class BatchOracle:
     def __init__(self, model, sequences, every=5):
         self.model, self.every = model, every
         self.sequences = {u: mx.array(s) for u, s in sequences.items()}
-        self.generator, self.checked = None, []
+        self.generator, self.checked, self.read = None, [], {}
         self.references = {}
         for uid, tokens in self.sequences.items():
             _, hidden = model(tokens[None, :-1], return_hidden=True)
@@ -557,6 +557,7 @@ class BatchOracle:
                 ):
                     ref = reference[pos]
                     self.checked.append(mx.allclose(logits[b, j], ref, atol=1e-4))
+                    self.read.setdefault(uid, []).append(pos)
             guesses.append(row)
         guess = mx.arange(logits.shape[-1]) == mx.array(guesses)[..., None]
         # Still through the block's logits, which evaluate its cache.
@@ -631,6 +632,7 @@ class TestMTPBatch(unittest.TestCase):
             step += 1
         generator.close()
         self.checked = model.checked if oracle else []
+        self.read = {names[u]: p for u, p in model.read.items()} if oracle else {}
         return results, rounds, worst
 
     def assertAlone(self, results, max_tokens):
@@ -668,6 +670,17 @@ class TestMTPBatch(unittest.TestCase):
         # Every read of the target's streams, prompt and rounds, exact.
         self.assertGreater(len(self.checked), 100)
         self.assertTrue(all(self.checked))
+        self.assertReadOnce(results, 3)
+
+    def assertReadOnce(self, results, num_draft_tokens):
+        """The block read each row's positions, each once, with the target's
+        streams in step (the oracle's checks), up to the last round's."""
+        for name, responses in results.items():
+            with self.subTest(request=name):
+                read = self.read[name]
+                self.assertEqual(sorted(read), list(range(len(read))))
+                total = len(self.prompts[name]) + len(responses)
+                self.assertGreaterEqual(len(read), total - num_draft_tokens - 2)
 
     def test_requests_joining_mid_decode(self):
         inserts = {0: [("a", 40)], 4: [("b", 30)], 7: [("d", 20), ("c", 24)]}
@@ -675,6 +688,7 @@ class TestMTPBatch(unittest.TestCase):
         self.assertAlone(results, {"a": 40, "b": 30, "c": 24, "d": 20})
         self.assertTrue(any(len(r) == 4 for r in rounds), rounds)
         self.assertTrue(all(self.checked))
+        self.assertReadOnce(results, 2)
 
     def test_finished_rows_prompt_cache_continues_in_step(self):
         # Rows end inside rounds (at max_tokens, with drafts accepted past
