@@ -774,6 +774,67 @@ class TestMTPBatch(unittest.TestCase):
         self.assertGreater(len(rounds), 150)
         self.assertLessEqual(worst, GRAPH_BOUND)
 
+    def test_sampled_rows_follow_the_target_distribution(self):
+        # TestMTPSpeculative's check, on 600 rows of one batch: the second
+        # token against its exact marginal.
+        config = {**MTP_CONFIG, "vocab_size": 8, "num_hidden_layers": 1}
+        config.update(layer_types=["sliding_attention"], mlp_layer_types=["moe"])
+        model = make_tiny_model(config, seed=3)
+        prompt = PROMPT[:5] % 8
+        first = mx.softmax(model(prompt[None])[0, -1])
+        seconds = model(
+            mx.concatenate([mx.tile(prompt, (8, 1)), mx.arange(8)[:, None]], 1)
+        )
+        expected = first @ mx.softmax(seconds[:, -1], axis=-1)
+        mx.random.seed(5)
+        runs, counts, drafted = 600, [0] * 8, 0
+        generator = BatchGenerator(
+            model,
+            mtp=True,
+            num_draft_tokens=2,
+            sampler=make_sampler(temp=1.0),
+            stop_tokens=set(),
+            completion_batch_size=runs,
+            prefill_batch_size=runs,
+        )
+        generator.insert([prompt.tolist()] * runs, max_tokens=[2] * runs)
+        got, rounds = {}, 0
+        while responses := generator.next_generated():
+            for r in responses:
+                got.setdefault(r.uid, []).append(r.token)
+            rounds += 1
+            # Both tokens in the first round: the second was a draft.
+            if rounds == 1:
+                drafted = sum(len(t) == 2 for t in got.values())
+        self.assertEqual(len(got), runs)
+        for tokens in got.values():
+            counts[tokens[1]] += 1
+        expected = (expected * runs).tolist()
+        chi2 = sum((c - e) ** 2 / e for c, e in zip(counts, expected))
+        self.assertLess(chi2, 24.32, (counts, expected))
+        self.assertGreater(drafted, runs // 4)
+
+    def test_rows_with_their_own_samplers(self):
+        # A greedy row beside rows sampled by rejection with their own
+        # filters: each keeps to its own.
+        mx.random.seed(7)
+        generator = BatchGenerator(
+            self.model, mtp=True, num_draft_tokens=2, stop_tokens=set()
+        )
+        samplers = [make_sampler(temp=1.5, top_k=2), None, make_sampler(top_k=3)]
+        uids = generator.insert(
+            [self.prompts[k] for k in "abc"], max_tokens=[30] * 3, samplers=samplers
+        )
+        got = {u: [] for u in uids}
+        while responses := generator.next_generated():
+            for r in responses:
+                got[r.uid].append(r)
+        self.assertAlone({"b": got[uids[1]]}, {"b": 30})
+        for uid, k in ((uids[0], 2), (uids[2], 3)):
+            self.assertEqual(len(got[uid]), 30)
+            for r in got[uid]:
+                self.assertIn(r.token, mx.argsort(-r.logprobs)[:k].tolist())
+
     def test_sampled_rows_keep_to_the_sampler_filters(self):
         sampler = make_sampler(temp=1.5, top_k=2)
         mx.random.seed(6)
