@@ -502,21 +502,32 @@ class TestMTPCommands(unittest.TestCase):
 
 class BatchOracle:
     """``Oracle`` for a ``BatchGenerator``'s rows: where the block runs on a
-    batch's cache, row b drafts its request's tokens (``sequences[uid]``),
-    wrongly after every ``every``-th position; ``checked`` gets, for each
-    row's input that is the target's stream, whether the block's logits are
-    those of one forward over the whole sequence."""
+    batch's cache, row b drafts its request's tokens (``add``), wrongly
+    after every ``every``-th position; ``checked`` gets, for each row's input
+    that is the target's stream, whether the block's logits are those of one
+    forward over the whole sequence, and ``read`` each request's positions
+    so read."""
 
-    def __init__(self, model, sequences, every=5):
+    def __init__(self, model, every=5):
         self.model, self.every = model, every
-        self.sequences = {u: mx.array(s) for u, s in sequences.items()}
         self.generator, self.checked, self.read = None, [], {}
-        self.references = {}
-        for uid, tokens in self.sequences.items():
-            _, hidden = model(tokens[None, :-1], return_hidden=True)
-            block = model.mtp_draft(hidden, tokens[None, 1:], model.make_mtp_cache())
-            mx.eval(hidden, block[0])
-            self.references[uid] = (hidden, block[0][0])
+        self.sequences, self.references = {}, {}
+
+    @classmethod
+    def of(cls, model, **kwargs):
+        """A BatchGenerator with MTP on the oracle of model."""
+        oracle = cls(model)
+        oracle.generator = BatchGenerator(oracle, mtp=True, **kwargs)
+        return oracle.generator
+
+    def add(self, uid, tokens):
+        """Request uid's whole sequence (prompt and output)."""
+        model, tokens = self.model, mx.array(tokens)
+        _, hidden = model(tokens[None, :-1], return_hidden=True)
+        block = model.mtp_draft(hidden, tokens[None, 1:], model.make_mtp_cache())
+        mx.eval(hidden, block[0])
+        self.sequences[uid] = tokens
+        self.references[uid] = (hidden, block[0][0])
 
     def __getattr__(self, name):
         return getattr(self.model, name)
@@ -588,20 +599,14 @@ class TestMTPBatch(unittest.TestCase):
         inserts[n] (a name and max_tokens) before its round n. Return each
         name's responses, the tokens each got in each round, and the
         largest cache graph."""
-        model = self.model
-        if oracle:
-            sequences = {}
-            model = BatchOracle(self.model, sequences)
-        generator = BatchGenerator(
-            model,
-            mtp=True,
-            num_draft_tokens=num_draft_tokens,
-            prefill_step_size=16,
-            stop_tokens=set(),
-            **kwargs,
+        kwargs.update(
+            num_draft_tokens=num_draft_tokens, prefill_step_size=16, stop_tokens=set()
         )
         if oracle:
-            model.generator = generator
+            generator = BatchOracle.of(self.model, **kwargs)
+        else:
+            generator = BatchGenerator(self.model, mtp=True, **kwargs)
+        model = generator.model
         names, results, rounds, worst = {}, {}, [], 0
         step = 0
         while True:
@@ -610,11 +615,7 @@ class TestMTPBatch(unittest.TestCase):
                 (uid,) = generator.insert([prompt], max_tokens=[max_tokens])
                 names[uid], results[name] = name, []
                 if oracle:
-                    full = prompt + [t for t, _ in self.expected[name]]
-                    model.sequences[uid] = mx.array(full)
-                    model.references.update(
-                        BatchOracle(self.model, {uid: full}).references
-                    )
+                    model.add(uid, prompt + [t for t, _ in self.expected[name]])
             responses = generator.next_generated()
             if not responses and step > max(inserts):
                 break
@@ -733,32 +734,29 @@ class TestMTPBatch(unittest.TestCase):
         return len(tokens) - len(cached)
 
     def test_a_row_stops_at_its_stop_token(self):
-        stop = self.expected["a"][9][0]
+        # Token 7 is the second of the four the oracle gets the row in its
+        # fourth round: the row stops there, its drafts after it dropped.
+        stop = self.expected["a"][7][0]
         end = [t for t, _ in self.expected["a"]].index(stop)
-        generator = BatchGenerator(
-            BatchOracle(self.model, {}),
-            mtp=True,
-            num_draft_tokens=3,
-            stop_tokens=[[stop]],
-        )
-        generator.model.generator = generator
+        self.assertEqual(end, 7)
+        generator = BatchOracle.of(self.model, num_draft_tokens=3, stop_tokens=[[stop]])
         uids = generator.insert(
             [self.prompts["a"], self.prompts["b"]], max_tokens=[40, 20]
         )
         for uid, name in zip(uids, "ab"):
             full = self.prompts[name] + [t for t, _ in self.expected[name]]
-            generator.model.sequences[uid] = mx.array(full)
-            generator.model.references.update(
-                BatchOracle(self.model, {uid: full}).references
-            )
+            generator.model.add(uid, full)
         got = {u: [] for u in uids}
         while responses := generator.next_generated():
             for r in responses:
-                got[r.uid].append((r.token, r.finish_reason))
+                got[r.uid].append(r)
         tokens = [t for t, _ in self.expected["a"][: end + 1]]
-        self.assertEqual([t for t, _ in got[uids[0]]], tokens)
-        self.assertEqual(got[uids[0]][-1][1], "stop")
+        self.assertEqual([r.token for r in got[uids[0]]], tokens)
+        reasons = [r.finish_reason for r in got[uids[0]]]
+        self.assertEqual(reasons, [None] * end + ["stop"])
         self.assertEqual(len(got[uids[1]]), 20)
+        # Its cache holds the stop token, the block in step.
+        self.assertEqual(self.assertContinues(self.prompts["a"], got[uids[0]]), 0)
 
     def test_cache_graphs_stay_bounded(self):
         # A CSA and an HCA layer, and a CSA block.
@@ -813,6 +811,55 @@ class TestMTPBatch(unittest.TestCase):
         chi2 = sum((c - e) ** 2 / e for c, e in zip(counts, expected))
         self.assertLess(chi2, 24.32, (counts, expected))
         self.assertGreater(drafted, runs // 4)
+
+    def test_logits_processors_see_each_rows_history(self):
+        # A processor that depends on the history: rows with it give what
+        # plain decoding with it gives, drafts accepted (oracle) or not.
+        def penalty(tokens, logits):
+            seen = mx.zeros((300,)).at[tokens].add(1.0)
+            return logits - 3.0 * seen
+
+        expected = {
+            k: [
+                int(t)
+                for t, _ in generate_step(
+                    mx.array(self.prompts[k]),
+                    self.model,
+                    max_tokens=30,
+                    logits_processors=[penalty],
+                )
+            ]
+            for k in "ab"
+        }
+        self.assertNotEqual(expected["a"], [t for t, _ in self.expected["a"][:30]])
+        for oracle in (False, True):
+            with self.subTest(oracle=oracle):
+                kwargs = {"num_draft_tokens": 3, "stop_tokens": set()}
+                if oracle:
+                    generator = BatchOracle.of(self.model, **kwargs)
+                else:
+                    generator = BatchGenerator(self.model, mtp=True, **kwargs)
+                uids = generator.insert(
+                    [self.prompts[k] for k in "abc"],
+                    max_tokens=[30] * 3,
+                    logits_processors=[[penalty], [penalty], []],
+                )
+                if oracle:
+                    c = [t for t, _ in self.expected["c"]]
+                    for uid, tokens in zip(uids, (expected["a"], expected["b"], c)):
+                        generator.model.add(uid, self.prompts["abc"[uid]] + tokens)
+                got = {u: [] for u in uids}
+                rounds = 0
+                while responses := generator.next_generated():
+                    rounds += 1
+                    for r in responses:
+                        got[r.uid].append(r.token)
+                self.assertEqual(got[uids[0]], expected["a"])
+                self.assertEqual(got[uids[1]], expected["b"])
+                c = [t for t, _ in self.expected["c"][:30]]
+                self.assertEqual(got[uids[2]], c)
+                if oracle:
+                    self.assertLess(rounds, 20)
 
     def test_rows_with_their_own_samplers(self):
         # A greedy row beside rows sampled by rejection with their own
