@@ -15,6 +15,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.generate import (
     BatchGenerator,
+    batch_generate,
     generate_step,
     make_mtp_prompt_cache,
     speculative_generate_step,
@@ -399,6 +400,20 @@ class TestMTPCommands(unittest.TestCase):
                 )
                 texts.append("".join(r.text for r in steps))
             self.assertEqual(texts[0], texts[1])
+            # batch_generate passes mtp to its BatchGenerator.
+            prompts = [tokenizer.encode(p) for p in (prompt, "Hello", "A b c d e")]
+            out = [
+                batch_generate(
+                    model,
+                    tokenizer,
+                    prompts,
+                    max_tokens=20,
+                    mtp=mtp,
+                    num_draft_tokens=2,
+                ).texts
+                for mtp in (False, True)
+            ]
+            self.assertEqual(out[0], out[1])
 
             cmd = [sys.executable, "-m", "mlx_lm", "generate", "--model", str(path)]
             cmd += ["--prompt", prompt, "--max-tokens", "20", "--ignore-chat-template"]
