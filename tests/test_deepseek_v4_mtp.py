@@ -383,6 +383,12 @@ class TestMTPSpeculative(unittest.TestCase):
             list(speculative_generate_step(PROMPT, self.model, self.model, mtp=True))
         with self.assertRaisesRegex(ValueError, "draft model or mtp"):
             list(speculative_generate_step(PROMPT, self.model))
+        # The batch: a model without a block, a cache without its entry.
+        with self.assertRaisesRegex(ValueError, "no MTP block"):
+            BatchGenerator(no_block, mtp=True)
+        generator = BatchGenerator(self.model, mtp=True)
+        with self.assertRaisesRegex(ValueError, "in step"):
+            generator.insert([[1, 2, 3]], caches=[make_prompt_cache(self.model)])
 
 
 class TestMTPCommands(unittest.TestCase):
