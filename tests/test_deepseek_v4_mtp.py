@@ -667,6 +667,31 @@ class TestMTPBatch(unittest.TestCase):
                 reasons = [r.finish_reason for r in responses]
                 self.assertEqual(reasons, [None] * (len(reasons) - 1) + ["length"])
 
+    def test_rows_trim_their_own_counts(self):
+        # CSA and HCA layers: rows at their own positions, each trimmed by
+        # its own count, then one more token, give each row's logits alone.
+        config = {**MTP_CONFIG, "num_hidden_layers": 2, "layer_types": None}
+        config.update(compress_ratios=[4, 16, 4], mlp_layer_types=["moe"] * 2)
+        model = make_tiny_model(config)
+        prompts = [PROMPT[:n] for n in (45, 38, 29)]
+        counts, caches = [0, 3, 7], []
+        for prompt in prompts:
+            cache = make_prompt_cache(model)
+            model(prompt[None], cache=cache)
+            caches.append(cache)
+        batch = [caches[0][i].merge([c[i] for c in caches]) for i in range(2)]
+        self.assertEqual(batch[0].row_max_trim, [32, 32, 29])
+        self.assertFalse(batch[0].trim_rows([0, 0, 30]))
+        for c in batch:
+            self.assertTrue(c.trim_rows(counts))
+        self.assertEqual(batch[0].offsets, [45, 35, 22])
+        nxt = mx.array([[3], [4], [5]])
+        got = model(nxt, cache=batch)[:, -1]
+        for b, (cache, n) in enumerate(zip(caches, counts)):
+            self.assertEqual(trim_prompt_cache(cache, n), n)
+            alone = model(nxt[b : b + 1], cache=cache)[0, -1]
+            self.assertTrue(mx.allclose(got[b], alone, atol=1e-4))
+
     def test_greedy_rows_equal_plain_decoding(self):
         max_tokens = {"a": 40, "b": 31, "c": 40, "d": 25}
         for k in (1, 2):
