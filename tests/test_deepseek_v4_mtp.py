@@ -6,12 +6,16 @@ import re
 import subprocess
 import sys
 import tempfile
+import threading
 import unittest
 from pathlib import Path
+from unittest import mock
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.generate import (
+    BatchGenerator,
+    batch_generate,
     generate_step,
     make_mtp_prompt_cache,
     speculative_generate_step,
@@ -29,6 +33,7 @@ from test_deepseek_v4 import (
 )
 from test_server_requests import ServerThread
 
+from mlx_lm import server
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
 
@@ -378,6 +383,12 @@ class TestMTPSpeculative(unittest.TestCase):
             list(speculative_generate_step(PROMPT, self.model, self.model, mtp=True))
         with self.assertRaisesRegex(ValueError, "draft model or mtp"):
             list(speculative_generate_step(PROMPT, self.model))
+        # The batch: a model without a block, a cache without its entry.
+        with self.assertRaisesRegex(ValueError, "no MTP block"):
+            BatchGenerator(no_block, mtp=True)
+        generator = BatchGenerator(self.model, mtp=True)
+        with self.assertRaisesRegex(ValueError, "in step"):
+            generator.insert([[1, 2, 3]], caches=[make_prompt_cache(self.model)])
 
 
 class TestMTPCommands(unittest.TestCase):
@@ -395,6 +406,20 @@ class TestMTPCommands(unittest.TestCase):
                 )
                 texts.append("".join(r.text for r in steps))
             self.assertEqual(texts[0], texts[1])
+            # batch_generate passes mtp to its BatchGenerator.
+            prompts = [tokenizer.encode(p) for p in (prompt, "Hello", "A b c d e")]
+            out = [
+                batch_generate(
+                    model,
+                    tokenizer,
+                    prompts,
+                    max_tokens=20,
+                    mtp=mtp,
+                    num_draft_tokens=2,
+                ).texts
+                for mtp in (False, True)
+            ]
+            self.assertEqual(out[0], out[1])
 
             cmd = [sys.executable, "-m", "mlx_lm", "generate", "--model", str(path)]
             cmd += ["--prompt", prompt, "--max-tokens", "20", "--ignore-chat-template"]
@@ -444,6 +469,476 @@ class TestMTPCommands(unittest.TestCase):
                     thread.close()
         self.assertEqual(texts[:4], texts[4:8])
         self.assertEqual(texts[:4], texts[8:])
+
+    def test_server_batches_concurrent_requests(self):
+        # Requests at once with --mtp decode as rows of one batch with MTP,
+        # and each gets the text a plain server gives it alone; again through
+        # the prompt caches the batch left.
+        prompts = ["The quick brown fox", "Hello there, how", "A long time ago in"]
+        sizes = []
+
+        class Recording(server.BatchGenerator):
+            def next(self):
+                out = super().next()
+                sizes.append((self.mtp, len(self._generation_batch)))
+                return out
+
+        def complete(thread, i, texts):
+            body = {"prompt": prompts[i], "max_tokens": 40 + 6 * i, "temperature": 0}
+            texts[i] = thread.request("POST", "/v1/completions", body)
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = make_tiny_model_folder(Path(tmp) / "mtp", MTP_CONFIG)
+            thread, alone = ServerThread(path), [None] * 3
+            try:
+                for i in range(3):
+                    complete(thread, i, alone)
+            finally:
+                thread.close()
+            runs = []
+            with mock.patch.object(server, "BatchGenerator", Recording):
+                thread = ServerThread(path, "--mtp", "--num-draft-tokens", "2")
+                try:
+                    for _ in range(2):
+                        texts = [None] * 3
+                        clients = [
+                            threading.Thread(target=complete, args=(thread, i, texts))
+                            for i in range(3)
+                        ]
+                        for c in clients:
+                            c.start()
+                        for c in clients:
+                            c.join()
+                        runs.append(texts)
+                finally:
+                    thread.close()
+        for status, answer in alone + runs[0] + runs[1]:
+            self.assertEqual(status, 200, answer)
+        alone = [answer["choices"][0]["text"] for _, answer in alone]
+        for texts in runs:
+            self.assertEqual([a["choices"][0]["text"] for _, a in texts], alone)
+        self.assertTrue(all(mtp for mtp, _ in sizes))
+        self.assertGreaterEqual(max(n for _, n in sizes), 2)
+
+
+class BatchOracle:
+    """``Oracle`` for a ``BatchGenerator``'s rows: where the block runs on a
+    batch's cache, row b drafts its request's tokens (``add``), wrongly
+    after every ``every``-th position; ``checked`` gets, for each row's input
+    that is the target's stream, whether the block's logits are those of one
+    forward over the whole sequence, and ``read`` each request's positions
+    so read."""
+
+    def __init__(self, model, every=5):
+        self.model, self.every = model, every
+        self.generator, self.checked, self.read = None, [], {}
+        self.sequences, self.references = {}, {}
+
+    @classmethod
+    def of(cls, model, **kwargs):
+        """A BatchGenerator with MTP on the oracle of model."""
+        oracle = cls(model)
+        oracle.generator = BatchGenerator(oracle, mtp=True, **kwargs)
+        return oracle.generator
+
+    def add(self, uid, tokens):
+        """Request uid's whole sequence (prompt and output)."""
+        model, tokens = self.model, mx.array(tokens)
+        _, hidden = model(tokens[None, :-1], return_hidden=True)
+        block = model.mtp_draft(hidden, tokens[None, 1:], model.make_mtp_cache())
+        mx.eval(hidden, block[0])
+        self.sequences[uid] = tokens
+        self.references[uid] = (hidden, block[0][0])
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, *args, **kwargs):
+        return self.model(*args, **kwargs)
+
+    def _rows(self, cache):
+        for batch in (self.generator._generation_batch, self.generator._prompt_batch):
+            if batch.prompt_cache and batch.prompt_cache[-1].cache is cache:
+                return batch.uids
+        return None
+
+    def mtp_draft(self, h, inputs, cache):
+        c = cache[0]
+        uids = None if self.generator is None else self._rows(c)
+        if uids is None:
+            return self.model.mtp_draft(h, inputs, cache)
+        L = inputs.shape[1]
+        starts = [min(s, L) for s in c._skip]
+        lengths = [L - s for s in starts] if c._lengths is None else c._lengths
+        offsets = [o - s for o, s in zip(c.offsets, starts)]
+        logits, out = self.model.mtp_draft(h, inputs, cache)
+        guesses = []
+        for b, uid in enumerate(uids):
+            tokens = self.sequences[uid].tolist()
+            hidden, reference = self.references[uid]
+            row = []
+            for j in range(L):
+                pos = offsets[b] + j
+                right = tokens[pos + 2] if 0 <= pos < len(tokens) - 2 else 0
+                right = right if pos % self.every else (right + 1) % 300
+                row.append(right)
+                if not (starts[b] <= j < starts[b] + lengths[b]):
+                    continue
+                if pos < hidden.shape[1] and mx.allclose(
+                    h[b, j], hidden[0, pos], atol=1e-3
+                ):
+                    ref = reference[pos]
+                    self.checked.append(mx.allclose(logits[b, j], ref, atol=1e-4))
+                    self.read.setdefault(uid, []).append(pos)
+            guesses.append(row)
+        guess = mx.arange(logits.shape[-1]) == mx.array(guesses)[..., None]
+        # Still through the block's logits, which evaluate its cache.
+        return mx.where(guess, 10.0, -10.0) + 0.0 * logits, out
+
+
+class TestMTPBatch(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls.model = make_tiny_model(MTP_CONFIG)
+        mx.random.seed(4)
+        lengths = {"a": 37, "b": 21, "c": 50, "d": 1}
+        cls.prompts = {
+            k: mx.random.randint(2, 300, (n,)).tolist() for k, n in lengths.items()
+        }
+        cls.expected = {k: cls.alone(p, 40) for k, p in cls.prompts.items()}
+
+    @classmethod
+    def alone(cls, prompt, max_tokens):
+        steps = generate_step(
+            mx.array(prompt), cls.model, max_tokens=max_tokens, prefill_step_size=16
+        )
+        return [(int(t), lp) for t, lp in steps]
+
+    def decode(self, inserts, oracle=False, num_draft_tokens=2, **kwargs):
+        """Run a BatchGenerator with MTP that gets the requests of
+        inserts[n] (a name and max_tokens) before its round n. Return each
+        name's responses, the tokens each got in each round, and the
+        largest cache graph."""
+        kwargs.update(
+            num_draft_tokens=num_draft_tokens, prefill_step_size=16, stop_tokens=set()
+        )
+        if oracle:
+            generator = BatchOracle.of(self.model, **kwargs)
+        else:
+            generator = BatchGenerator(self.model, mtp=True, **kwargs)
+        model = generator.model
+        names, results, rounds, worst = {}, {}, [], 0
+        step = 0
+        while True:
+            for name, max_tokens in inserts.get(step, []):
+                prompt = self.prompts[name]
+                (uid,) = generator.insert([prompt], max_tokens=[max_tokens])
+                names[uid], results[name] = name, []
+                if oracle:
+                    model.add(uid, prompt + [t for t, _ in self.expected[name]])
+            responses = generator.next_generated()
+            if not responses and step > max(inserts):
+                break
+            counts = {}
+            for r in responses:
+                results[names[r.uid]].append(r)
+                counts[names[r.uid]] = counts.get(names[r.uid], 0) + 1
+            rounds.append(counts)
+            batch = generator._generation_batch
+            if batch.prompt_cache:
+                worst = max(worst, max_cache_graph(batch.prompt_cache[:-1]))
+                mtp_cache = batch.prompt_cache[-1]
+                worst = max(worst, max_cache_graph([mtp_cache.cache]))
+                worst = max(worst, graph_edges(mtp_cache.hidden))
+            step += 1
+        generator.close()
+        self.checked = model.checked if oracle else []
+        self.read = {names[u]: p for u, p in model.read.items()} if oracle else {}
+        return results, rounds, worst
+
+    def assertAlone(self, results, max_tokens):
+        for name, responses in results.items():
+            with self.subTest(request=name):
+                expected = self.expected[name][: max_tokens[name]]
+                self.assertEqual([r.token for r in responses], [t for t, _ in expected])
+                for r, (_, logprobs) in zip(responses, expected):
+                    self.assertTrue(mx.allclose(r.logprobs, logprobs, atol=1e-5))
+                reasons = [r.finish_reason for r in responses]
+                self.assertEqual(reasons, [None] * (len(reasons) - 1) + ["length"])
+
+    def test_rows_trim_their_own_counts(self):
+        # CSA and HCA layers: rows at their own positions, each trimmed by
+        # its own count, then one more token, give each row's logits alone.
+        config = {**MTP_CONFIG, "num_hidden_layers": 2, "layer_types": None}
+        config.update(compress_ratios=[4, 16, 4], mlp_layer_types=["moe"] * 2)
+        model = make_tiny_model(config)
+        prompts = [PROMPT[:n] for n in (45, 38, 29)]
+        counts, caches = [0, 3, 7], []
+        for prompt in prompts:
+            cache = make_prompt_cache(model)
+            model(prompt[None], cache=cache)
+            caches.append(cache)
+        batch = [caches[0][i].merge([c[i] for c in caches]) for i in range(2)]
+        self.assertEqual(batch[0].row_max_trim, [32, 32, 29])
+        self.assertFalse(batch[0].trim_rows([0, 0, 30]))
+        for c in batch:
+            self.assertTrue(c.trim_rows(counts))
+        self.assertEqual(batch[0].offsets, [45, 35, 22])
+        nxt = mx.array([[3], [4], [5]])
+        got = model(nxt, cache=batch)[:, -1]
+        for b, (cache, n) in enumerate(zip(caches, counts)):
+            self.assertEqual(trim_prompt_cache(cache, n), n)
+            alone = model(nxt[b : b + 1], cache=cache)[0, -1]
+            self.assertTrue(mx.allclose(got[b], alone, atol=1e-4))
+
+    def test_greedy_rows_equal_plain_decoding(self):
+        max_tokens = {"a": 40, "b": 31, "c": 40, "d": 25}
+        for k in (1, 2):
+            with self.subTest(num_draft_tokens=k):
+                results, _, _ = self.decode(
+                    {0: list(max_tokens.items())}, num_draft_tokens=k
+                )
+                self.assertAlone(results, max_tokens)
+
+    def test_rows_accept_their_own_counts(self):
+        max_tokens = {"a": 40, "b": 33, "c": 37}
+        results, rounds, worst = self.decode(
+            {0: list(max_tokens.items())}, oracle=True, num_draft_tokens=3
+        )
+        self.assertAlone(results, max_tokens)
+        self.assertLessEqual(worst, GRAPH_BOUND)
+        # Rounds where the rows got different numbers of tokens, none past
+        # its drafts and the target's token.
+        full = [r for r in rounds[1:] if len(r) == 3]
+        self.assertTrue(any(len(set(r.values())) > 1 for r in full), rounds)
+        self.assertLessEqual(max(n for r in rounds for n in r.values()), 4)
+        self.assertLess(len(rounds), 25)
+        # Every read of the target's streams, prompt and rounds, exact.
+        self.assertGreater(len(self.checked), 100)
+        self.assertTrue(all(self.checked))
+        self.assertReadOnce(results, 3)
+
+    def assertReadOnce(self, results, num_draft_tokens):
+        """The block read each row's positions, each once, with the target's
+        streams in step (the oracle's checks), up to the last round's."""
+        for name, responses in results.items():
+            with self.subTest(request=name):
+                read = self.read[name]
+                self.assertEqual(sorted(read), list(range(len(read))))
+                total = len(self.prompts[name]) + len(responses)
+                self.assertGreaterEqual(len(read), total - num_draft_tokens - 2)
+
+    def test_requests_joining_mid_decode(self):
+        inserts = {0: [("a", 40)], 4: [("b", 30)], 7: [("d", 20), ("c", 24)]}
+        results, rounds, _ = self.decode(inserts, oracle=True, num_draft_tokens=2)
+        self.assertAlone(results, {"a": 40, "b": 30, "c": 24, "d": 20})
+        self.assertTrue(any(len(r) == 4 for r in rounds), rounds)
+        self.assertTrue(all(self.checked))
+        self.assertReadOnce(results, 2)
+
+    def test_finished_rows_prompt_cache_continues_in_step(self):
+        # Rows end inside rounds (at max_tokens, with drafts accepted past
+        # it): each one's cache holds the tokens given that the target has
+        # seen (all_tokens), the block in step, for the single-request loop
+        # to continue.
+        max_tokens = {"a": 13, "b": 15, "c": 40}
+        results, _, _ = self.decode({0: list(max_tokens.items())}, oracle=True)
+        self.assertAlone(results, max_tokens)
+        unseen = set()
+        for name in "abc":
+            with self.subTest(request=name):
+                unseen.add(self.assertContinues(self.prompts[name], results[name]))
+        # Ends on an accepted draft and on the target's own token.
+        self.assertEqual(unseen, {0, 1})
+
+    def assertContinues(self, prompt, responses):
+        """Continue a finished row's prompt cache; return how many of the
+        tokens given it lacks."""
+        cache, cached = responses[-1].prompt_cache, responses[-1].all_tokens
+        tokens = prompt + [r.token for r in responses]
+        self.assertEqual(cached, tokens[: len(cached)])
+        self.assertEqual(cache[0].size(), len(cached))
+        self.assertEqual(cache[-1].cache.size(), len(cached) - 1)
+        rest = [9, 4, 77]
+        full = tokens + rest
+        expected = [t for t, _ in self.alone(full, 12)]
+        full = mx.array(full + expected)
+        checked = []
+        oracle = Oracle(self.model, full, block_checker(self.model, full, checked))
+        steps = speculative_generate_step(
+            mx.array(tokens[len(cached) :] + rest),
+            oracle,
+            mtp=True,
+            num_draft_tokens=3,
+            prompt_cache=cache,
+            max_tokens=12,
+        )
+        self.assertEqual([s[0] for s in steps], expected)
+        self.assertGreater(len(checked), 3)
+        self.assertTrue(all(checked))
+        return len(tokens) - len(cached)
+
+    def test_a_row_stops_at_its_stop_token(self):
+        # Token 7 is the second of the four the oracle gets the row in its
+        # fourth round: the row stops there, its drafts after it dropped.
+        stop = self.expected["a"][7][0]
+        end = [t for t, _ in self.expected["a"]].index(stop)
+        self.assertEqual(end, 7)
+        generator = BatchOracle.of(self.model, num_draft_tokens=3, stop_tokens=[[stop]])
+        uids = generator.insert(
+            [self.prompts["a"], self.prompts["b"]], max_tokens=[40, 20]
+        )
+        for uid, name in zip(uids, "ab"):
+            full = self.prompts[name] + [t for t, _ in self.expected[name]]
+            generator.model.add(uid, full)
+        got = {u: [] for u in uids}
+        while responses := generator.next_generated():
+            for r in responses:
+                got[r.uid].append(r)
+        tokens = [t for t, _ in self.expected["a"][: end + 1]]
+        self.assertEqual([r.token for r in got[uids[0]]], tokens)
+        reasons = [r.finish_reason for r in got[uids[0]]]
+        self.assertEqual(reasons, [None] * end + ["stop"])
+        self.assertEqual(len(got[uids[1]]), 20)
+        # Its cache holds the stop token, the block in step.
+        self.assertEqual(self.assertContinues(self.prompts["a"], got[uids[0]]), 0)
+
+    def test_cache_graphs_stay_bounded(self):
+        # A CSA and an HCA layer, and a CSA block.
+        config = {**MTP_CONFIG, "num_hidden_layers": 2, "layer_types": None}
+        config.update(compress_ratios=[4, 16, 4], mlp_layer_types=["moe"] * 2)
+        model, self.model = self.model, make_tiny_model(config)
+        try:
+            _, rounds, worst = self.decode(
+                {0: [("a", 300), ("b", 250)], 20: [("d", 200)]}
+            )
+        finally:
+            self.model = model
+        self.assertGreater(len(rounds), 150)
+        self.assertLessEqual(worst, GRAPH_BOUND)
+
+    def test_sampled_rows_follow_the_target_distribution(self):
+        # TestMTPSpeculative's check, on 600 rows of one batch: the second
+        # token against its exact marginal.
+        config = {**MTP_CONFIG, "vocab_size": 8, "num_hidden_layers": 1}
+        config.update(layer_types=["sliding_attention"], mlp_layer_types=["moe"])
+        model = make_tiny_model(config, seed=3)
+        prompt = PROMPT[:5] % 8
+        first = mx.softmax(model(prompt[None])[0, -1])
+        seconds = model(
+            mx.concatenate([mx.tile(prompt, (8, 1)), mx.arange(8)[:, None]], 1)
+        )
+        expected = first @ mx.softmax(seconds[:, -1], axis=-1)
+        mx.random.seed(5)
+        runs, counts, drafted = 600, [0] * 8, 0
+        generator = BatchGenerator(
+            model,
+            mtp=True,
+            num_draft_tokens=2,
+            sampler=make_sampler(temp=1.0),
+            stop_tokens=set(),
+            completion_batch_size=runs,
+            prefill_batch_size=runs,
+        )
+        generator.insert([prompt.tolist()] * runs, max_tokens=[2] * runs)
+        got, rounds = {}, 0
+        while responses := generator.next_generated():
+            for r in responses:
+                got.setdefault(r.uid, []).append(r.token)
+            rounds += 1
+            # Both tokens in the first round: the second was a draft.
+            if rounds == 1:
+                drafted = sum(len(t) == 2 for t in got.values())
+        self.assertEqual(len(got), runs)
+        for tokens in got.values():
+            counts[tokens[1]] += 1
+        expected = (expected * runs).tolist()
+        chi2 = sum((c - e) ** 2 / e for c, e in zip(counts, expected))
+        self.assertLess(chi2, 24.32, (counts, expected))
+        self.assertGreater(drafted, runs // 4)
+
+    def test_logits_processors_see_each_rows_history(self):
+        # A processor that depends on the history: rows with it give what
+        # plain decoding with it gives, drafts accepted (oracle) or not.
+        def penalty(tokens, logits):
+            seen = mx.zeros((300,)).at[tokens].add(1.0)
+            return logits - 3.0 * seen
+
+        expected = {
+            k: [
+                int(t)
+                for t, _ in generate_step(
+                    mx.array(self.prompts[k]),
+                    self.model,
+                    max_tokens=30,
+                    logits_processors=[penalty],
+                )
+            ]
+            for k in "ab"
+        }
+        self.assertNotEqual(expected["a"], [t for t, _ in self.expected["a"][:30]])
+        for oracle in (False, True):
+            with self.subTest(oracle=oracle):
+                kwargs = {"num_draft_tokens": 3, "stop_tokens": set()}
+                if oracle:
+                    generator = BatchOracle.of(self.model, **kwargs)
+                else:
+                    generator = BatchGenerator(self.model, mtp=True, **kwargs)
+                uids = generator.insert(
+                    [self.prompts[k] for k in "abc"],
+                    max_tokens=[30] * 3,
+                    logits_processors=[[penalty], [penalty], []],
+                )
+                if oracle:
+                    c = [t for t, _ in self.expected["c"]]
+                    for uid, tokens in zip(uids, (expected["a"], expected["b"], c)):
+                        generator.model.add(uid, self.prompts["abc"[uid]] + tokens)
+                got = {u: [] for u in uids}
+                rounds = 0
+                while responses := generator.next_generated():
+                    rounds += 1
+                    for r in responses:
+                        got[r.uid].append(r.token)
+                self.assertEqual(got[uids[0]], expected["a"])
+                self.assertEqual(got[uids[1]], expected["b"])
+                c = [t for t, _ in self.expected["c"][:30]]
+                self.assertEqual(got[uids[2]], c)
+                if oracle:
+                    self.assertLess(rounds, 20)
+
+    def test_rows_with_their_own_samplers(self):
+        # A greedy row beside rows sampled by rejection with their own
+        # filters: each keeps to its own.
+        mx.random.seed(7)
+        generator = BatchGenerator(
+            self.model, mtp=True, num_draft_tokens=2, stop_tokens=set()
+        )
+        samplers = [make_sampler(temp=1.5, top_k=2), None, make_sampler(top_k=3)]
+        uids = generator.insert(
+            [self.prompts[k] for k in "abc"], max_tokens=[30] * 3, samplers=samplers
+        )
+        got = {u: [] for u in uids}
+        while responses := generator.next_generated():
+            for r in responses:
+                got[r.uid].append(r)
+        self.assertAlone({"b": got[uids[1]]}, {"b": 30})
+        for uid, k in ((uids[0], 2), (uids[2], 3)):
+            self.assertEqual(len(got[uid]), 30)
+            for r in got[uid]:
+                self.assertIn(r.token, mx.argsort(-r.logprobs)[:k].tolist())
+
+    def test_sampled_rows_keep_to_the_sampler_filters(self):
+        sampler = make_sampler(temp=1.5, top_k=2)
+        mx.random.seed(6)
+        max_tokens = {"a": 30, "b": 30, "c": 30}
+        results, _, _ = self.decode(
+            {0: list(max_tokens.items())}, num_draft_tokens=3, sampler=sampler
+        )
+        for responses in results.values():
+            self.assertEqual(len(responses), 30)
+            for r in responses:
+                self.assertIn(r.token, mx.argsort(-r.logprobs)[:2].tolist())
 
 
 if __name__ == "__main__":
