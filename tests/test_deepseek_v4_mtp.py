@@ -33,9 +33,13 @@ from test_deepseek_v4 import (
 )
 from test_server_requests import ServerThread
 
-from mlx_lm import server
+from mlx_lm import cache_prompt, server
 from mlx_lm.models import deepseek_v4
-from mlx_lm.models.cache import make_prompt_cache, trim_prompt_cache
+from mlx_lm.models.cache import (
+    load_prompt_cache,
+    make_prompt_cache,
+    trim_prompt_cache,
+)
 
 MTP_CONFIG = {**TINY_CONFIG, "num_nextn_predict_layers": 1}
 PROMPT = mx.array([5, 17, 33, 2, 61, 40, 7, 7, 12, 50, 3, 28, 44, 19, 8] * 3)
@@ -443,6 +447,56 @@ class TestMTPCommands(unittest.TestCase):
             )
             self.assertNotEqual(run.returncode, 0)
             self.assertIn("has no MTP block", run.stderr)
+
+    def test_cache_prompt_file_drafts_with_mtp(self):
+        # mlx_lm.cache_prompt --mtp saves the block's cache after the model's;
+        # drafting from that file gives what plain decoding from the plain
+        # file gives, in Python and with mlx_lm.generate --mtp.
+        with tempfile.TemporaryDirectory() as tmp:
+            path = make_tiny_model_folder(Path(tmp) / "mtp", MTP_CONFIG)
+            model, tokenizer = load(str(path))
+            files = {}
+            for mtp in (False, True):
+                files[mtp] = str(Path(tmp) / f"cache_{mtp}.safetensors")
+                argv = ["cache_prompt", "--model", str(path), "--prompt"]
+                argv += ["The quick brown fox", "--prompt-cache-file", files[mtp]]
+                with mock.patch.object(
+                    sys, "argv", argv + ["--mtp"] * mtp
+                ), contextlib.redirect_stdout(io.StringIO()):
+                    cache_prompt.main()
+            loaded = load_prompt_cache(files[True])
+            self.assertEqual(len(loaded), len(model.layers) + 1)
+            prompt = mx.array(tokenizer.encode(" jumps over", add_special_tokens=False))
+
+            def tokens(mtp, file):
+                cache = load_prompt_cache(file)
+                if not mtp:
+                    steps = generate_step(prompt, model, prompt_cache=cache)
+                else:
+                    steps = speculative_generate_step(
+                        prompt, model, mtp=True, prompt_cache=cache, num_draft_tokens=2
+                    )
+                return [t for t, *_ in zip(range(24), steps)]
+
+            self.assertEqual(tokens(True, files[True]), tokens(False, files[False]))
+            # A file without the block's cache says so.
+            with self.assertRaisesRegex(ValueError, "MTP entry"):
+                tokens(True, files[False])
+
+            def command(file, *extra):
+                cmd = [sys.executable, "-m", "mlx_lm", "generate", "--model", str(path)]
+                cmd += ["--prompt-cache-file", file, "--prompt", " jumps over"]
+                cmd += ["--max-tokens", "16", "--ignore-chat-template", *extra]
+                return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
+
+            runs = [command(files[False]), command(files[True], "--mtp")]
+            for run in runs:
+                self.assertEqual(run.returncode, 0, run.stderr)
+            texts = [run.stdout.split("==========")[1] for run in runs]
+            self.assertEqual(texts[0], texts[1])
+            run = command(files[False], "--mtp")
+            self.assertNotEqual(run.returncode, 0)
+            self.assertIn("mlx_lm.cache_prompt --mtp", run.stderr)
 
     def test_server_gives_the_plain_text_through_its_prompt_cache(self):
         # The same prompt again and a longer one: the server's prompt cache
