@@ -232,6 +232,9 @@ def step_bytes(model):
     share = args.num_experts_per_tok / args.n_routed_experts
     total = 0
     for name, value in tree_flatten(model.parameters()):
+        if name.startswith("mtp."):
+            # The MTP block runs only when drafting.
+            continue
         if ".switch_mlp." in name:
             total += value.nbytes * share
         elif "embed_tokens" in name:

@@ -212,6 +212,26 @@ def plain(model, prompt, max_tokens, **kwargs):
     return [(t, lp) for t, lp in steps]
 
 
+def second_token_marginal():
+    """A one-layer model with a vocabulary of 8, a prompt, and the exact
+    distribution of the second token it samples, sum_a p(a) p(b | a)."""
+    config = {**MTP_CONFIG, "vocab_size": 8, "num_hidden_layers": 1}
+    config.update(layer_types=["sliding_attention"], mlp_layer_types=["moe"])
+    model = make_tiny_model(config, seed=3)
+    prompt = PROMPT[:5] % 8
+    first = mx.softmax(model(prompt[None])[0, -1])
+    seconds = model(mx.concatenate([mx.tile(prompt, (8, 1)), mx.arange(8)[:, None]], 1))
+    return model, prompt, first @ mx.softmax(seconds[:, -1], axis=-1)
+
+
+def assert_follows(test, counts, distribution):
+    """Chi-square of the counts of 8 tokens against ``distribution``."""
+    expected = (distribution * sum(counts)).tolist()
+    chi2 = sum((c - e) ** 2 / e for c, e in zip(counts, expected))
+    # The 0.999 quantile of chi-square with 7 degrees of freedom.
+    test.assertLess(chi2, 24.32, (counts, expected))
+
+
 class TestMTPSpeculative(unittest.TestCase):
 
     @classmethod
@@ -281,16 +301,8 @@ class TestMTPSpeculative(unittest.TestCase):
 
     def test_sampled_tokens_follow_the_target_distribution(self):
         # A vocabulary of 8: the second token (drafted or not) against its
-        # exact marginal sum_a p(a) p(b | a).
-        config = {**MTP_CONFIG, "vocab_size": 8, "num_hidden_layers": 1}
-        config.update(layer_types=["sliding_attention"], mlp_layer_types=["moe"])
-        model = make_tiny_model(config, seed=3)
-        prompt = PROMPT[:5] % 8
-        first = mx.softmax(model(prompt[None])[0, -1])
-        seconds = model(
-            mx.concatenate([mx.tile(prompt, (8, 1)), mx.arange(8)[:, None]], 1)
-        )
-        expected = first @ mx.softmax(seconds[:, -1], axis=-1)
+        # exact marginal.
+        model, prompt, expected = second_token_marginal()
         sampler = make_sampler(temp=1.0)
         mx.random.seed(5)
         runs, counts, drafted = 600, [0] * 8, 0
@@ -306,10 +318,7 @@ class TestMTPSpeculative(unittest.TestCase):
             steps = list(steps)
             counts[steps[1][0]] += 1
             drafted += steps[1][2]
-        expected = (expected * runs).tolist()
-        chi2 = sum((c - e) ** 2 / e for c, e in zip(counts, expected))
-        # The 0.999 quantile of chi-square with 7 degrees of freedom.
-        self.assertLess(chi2, 24.32, (counts, expected))
+        assert_follows(self, counts, expected)
         # Speculative sampling keeps a draft with probability min(1, p/q):
         # more often than the target's own sample equals it (sum p*q, about
         # a tenth here).
@@ -873,17 +882,8 @@ class TestMTPBatch(unittest.TestCase):
         self.assertLessEqual(worst, GRAPH_BOUND)
 
     def test_sampled_rows_follow_the_target_distribution(self):
-        # TestMTPSpeculative's check, on 600 rows of one batch: the second
-        # token against its exact marginal.
-        config = {**MTP_CONFIG, "vocab_size": 8, "num_hidden_layers": 1}
-        config.update(layer_types=["sliding_attention"], mlp_layer_types=["moe"])
-        model = make_tiny_model(config, seed=3)
-        prompt = PROMPT[:5] % 8
-        first = mx.softmax(model(prompt[None])[0, -1])
-        seconds = model(
-            mx.concatenate([mx.tile(prompt, (8, 1)), mx.arange(8)[:, None]], 1)
-        )
-        expected = first @ mx.softmax(seconds[:, -1], axis=-1)
+        # TestMTPSpeculative's check, on 600 rows of one batch.
+        model, prompt, expected = second_token_marginal()
         mx.random.seed(5)
         runs, counts, drafted = 600, [0] * 8, 0
         generator = BatchGenerator(
@@ -907,9 +907,7 @@ class TestMTPBatch(unittest.TestCase):
         self.assertEqual(len(got), runs)
         for tokens in got.values():
             counts[tokens[1]] += 1
-        expected = (expected * runs).tolist()
-        chi2 = sum((c - e) ** 2 / e for c, e in zip(counts, expected))
-        self.assertLess(chi2, 24.32, (counts, expected))
+        assert_follows(self, counts, expected)
         self.assertGreater(drafted, runs // 4)
 
     def test_logits_processors_see_each_rows_history(self):
