@@ -5,7 +5,7 @@ Builds the model from ``ModelArgs`` with random weights (Flash's hidden size,
 heads, ranks, indexer and experts' sizes, fewer layers and experts) and drives
 it as ``mlx_lm.generate.generate_step`` does: the prompt in 2,048-token chunks
 with the cache evaluated between chunks, then decoding with ``async_eval``
-pipelining. For each length it reports prefill and decode tokens/s, the peak
+pipelining (``--serial``: one step at a time). For each length it reports prefill and decode tokens/s, the peak
 memory above the weights, and the primitives in one decode step's graph.
 
 With ``--peer`` it runs mlx-vlm's ``deepseek_v4`` (0.7.10) on the same weights,
@@ -287,11 +287,13 @@ class Driver:
     """The loop of ``mlx_lm.generate.generate_step``: chunked prefill, greedy
     decoding pipelined with ``async_eval``."""
 
-    def __init__(self, name, model, forward, prefill_step):
+    def __init__(self, name, model, forward, prefill_step, serial=False):
         self.name = name
         self.model = model
         self.forward = forward
         self.prefill_step = prefill_step
+        # One step at a time: each token evaluated before the next is built.
+        self.serial = serial
         self.stream = mx.new_stream(mx.default_device())
 
     def _step(self, y, cache):
@@ -319,6 +321,8 @@ class Driver:
         y = self._step(y, cache)
         mx.async_eval(y)
         for n in range(1, steps + 1):
+            if self.serial:
+                y.item()
             if n < steps:
                 next_y = self._step(y, cache)
                 mx.async_eval(next_y)
@@ -665,6 +669,12 @@ def main():
     parser.add_argument("--decode", default="1024,8192,32768")
     parser.add_argument("--steps", type=int, default=64, help="decode steps")
     parser.add_argument(
+        "--serial",
+        action="store_true",
+        help="decode one step at a time (each token evaluated before the next "
+        "step is built) instead of generate_step's pipelining",
+    )
+    parser.add_argument(
         "--repeat", type=int, default=1, help="runs per length and model (medians)"
     )
     parser.add_argument("--prefill-step", type=int, default=2048)
@@ -711,7 +721,8 @@ def main():
         f"DeepSeek-V4: {config['num_hidden_layers']} layers "
         f"{config['compress_ratios']}, hidden {config['hidden_size']}, "
         f"{config['n_routed_experts']} experts top-{config['num_experts_per_tok']}, "
-        f"{args.dtype}, device {mx.default_device()}"
+        f"{args.dtype}, device {mx.default_device()}, "
+        f"decode {'one step at a time' if args.serial else 'pipelined'}"
     )
     if args.peer:
         print(f"peer: mlx-vlm {import_peer()[2]} deepseek_v4, same weights")
@@ -734,7 +745,8 @@ def main():
         + f", {read / 2**30:.2f} GB read a decode token: at "
         f"{args.bandwidth:g} GB/s at most {args.bandwidth * 1e9 / read:.0f} tok/s"
     )
-    drivers = [Driver("fork", fork, forward_fn(fork, False), args.prefill_step)]
+    fork_forward = forward_fn(fork, False)
+    drivers = [Driver("fork", fork, fork_forward, args.prefill_step, args.serial)]
     if args.long_decode:
         long_decode(args, drivers[0])
         return
@@ -753,7 +765,10 @@ def main():
             args.bits,
             args.group_size,
         )
-        drivers.append(Driver("peer", peer, forward_fn(peer, True), args.prefill_step))
+        peer_forward = forward_fn(peer, True)
+        drivers.append(
+            Driver("peer", peer, peer_forward, args.prefill_step, args.serial)
+        )
     speed(args, config, drivers, weight_bytes, read)
 
 
