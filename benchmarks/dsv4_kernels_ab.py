@@ -11,6 +11,8 @@ rates alternating the variants, e.g.
 
 (layers, experts, repeats after a first one left out, steps, variants).
 Each line also gives one unpipelined step: build, async_eval, the wait.
+``loops:43,8,2,24`` times generate_step's pipelined loop against one step at
+a time and against the loop with the caches not tied to the logits.
 float32 matmuls run at full precision here (MLX_ENABLE_TF32=0): with TF32,
 the two variants' float32 logits differ by the TF32 rounding.
 """
@@ -126,6 +128,84 @@ def run(layers, experts, reps, steps, variants):
     mx.clear_cache()
 
 
+def timed_decode(d, y, cache, steps, pipelined, tie=True):
+    """Decode ``steps`` tokens; the medians of each step's build, async_eval
+    and the wait for its token, ms, and the tokens a second. ``tie=False``:
+    the cache arrays are not tied to the logits (mx.depends a no-op) but
+    evaluated with the token."""
+    from long_decode import cache_arrays
+
+    depends = mx.depends
+    if not tie:
+        mx.depends = lambda a, b: a
+
+    def step(y):
+        t0 = time.perf_counter()
+        nxt = d._step(y, cache)
+        t1 = time.perf_counter()
+        mx.async_eval(nxt, *([] if tie else cache_arrays(cache)))
+        return nxt, t1 - t0, time.perf_counter() - t1
+
+    parts = []
+    try:
+        tic = time.perf_counter()
+        if pipelined:
+            y, b, e = step(y)
+            for n in range(steps):
+                nxt, b, e = step(y) if n < steps - 1 else (None, 0, 0)
+                t0 = time.perf_counter()
+                y.item()
+                parts.append((b, e, time.perf_counter() - t0))
+                y = nxt
+        else:
+            for n in range(steps):
+                y, b, e = step(y)
+                t0 = time.perf_counter()
+                y.item()
+                parts.append((b, e, time.perf_counter() - t0))
+        rate = steps / (time.perf_counter() - tic)
+    finally:
+        mx.depends = depends
+    med = [statistics.median(p[i] for p in parts[:-1]) * 1e3 for i in range(3)]
+    return rate, med
+
+
+def loops(layers, experts, reps, steps):
+    """generate_step's pipelined loop against one step at a time (the ops),
+    and pipelined without tying the caches to the logits."""
+    a = types.SimpleNamespace(
+        tiny=False,
+        schedule=None,
+        layers=layers,
+        experts=experts,
+        experts_per_token=6,
+        **{f: None for f in S.OVERRIDES},
+    )
+    config = S.make_config(a)
+    model = S.make_fork(config)
+    d = S.Driver("fork", model, S.forward_fn(model, False), 2048)
+    prompt = mx.arange(1024) % config["vocab_size"]
+    use("none")
+    kinds = (
+        ("pipelined", True, True),
+        ("serial", False, True),
+        ("untied", True, False),
+    )
+    for r in range(reps + 1):
+        for name, pipelined, tie in kinds:
+            cache, y = d.prefill(prompt)
+            y = d.decode(y, cache, 4)
+            rate, (b, e, w) = timed_decode(d, y, cache, steps, pipelined, tie)
+            print(
+                f"  {layers} layers {name}: {rate:.1f} tok/s; a step: build {b:.2f}"
+                f" ms, async_eval {e:.2f}, wait for the token {w:.2f}",
+                flush=True,
+            )
+            del cache, y
+    del model, d
+    mx.clear_cache()
+
+
 numerics()
 x = mx.random.normal((2, 5, 1, 300))
 h = mx.broadcast_to(x, (2, 5, 4, 300))
@@ -143,5 +223,8 @@ print(
     flush=True,
 )
 for spec in sys.argv[1:]:
+    if spec.startswith("loops:"):
+        loops(*map(int, spec[len("loops:") :].split(",")))
+        continue
     layers, experts, reps, steps, variants = spec.split(",")
     run(int(layers), int(experts), int(reps), int(steps), variants.split("+"))
