@@ -158,7 +158,7 @@ def timed_decode(d, y, cache, steps, pipelined, tie=True):
                 parts.append((b, e, time.perf_counter() - t0))
                 y = nxt
         else:
-            for n in range(steps):
+            for _ in range(steps):
                 y, b, e = step(y)
                 t0 = time.perf_counter()
                 y.item()
@@ -191,7 +191,7 @@ def loops(layers, experts, reps, steps):
         ("serial", False, True),
         ("untied", True, False),
     )
-    for r in range(reps + 1):
+    for _ in range(reps + 1):
         for name, pipelined, tie in kinds:
             cache, y = d.prefill(prompt)
             y = d.decode(y, cache, 4)

@@ -1,0 +1,168 @@
+# Copyright © 2026 Apple Inc.
+
+"""Check that DeepSeek-V4.1's Metal kernel sources parse, on a machine with no
+Metal compiler.
+
+Usage: PYTHONPATH=build/dev python tools/metal_syntax.py
+
+Each kernel's source is wrapped in the signature ``mx.fast.metal_kernel``
+gives it (inputs as ``const device`` pointers, outputs as ``device`` pointers,
+template arguments as template parameters, the thread's grid position), Metal's
+address spaces and attributes stubbed out, and the result compiled with
+``g++ -fsyntax-only`` for float32 and bfloat16 inputs. This finds syntax and
+type errors in what the kernels share with their CUDA form, not Metal's own
+rules: a macOS run of tests/test_deepseek_v41.py is the real check.
+"""
+
+import subprocess
+import sys
+import tempfile
+from unittest import mock
+
+import mlx.core as mx
+
+PRELUDE = """
+#include <cmath>
+#define device
+#define constant
+typedef unsigned int uint;
+struct uint3 { uint x, y, z; };
+struct bfloat16_t {
+    float v;
+    bfloat16_t() = default;
+    bfloat16_t(float f) : v(f) {}
+    operator float() const { return v; }
+};
+namespace metal {
+using std::exp;
+// Names in Metal's standard library that a kernel's arguments may shadow.
+template <typename U> U mix(U a, U b, U t) { return a + (b - a) * t; }
+template <typename U> U max(U a, U b) { return a > b ? a : b; }
+}
+using namespace metal;
+"""
+
+# The kernels' arguments: (name, dtype or "T"), and template parameters.
+KERNELS = {
+    "deepseek_v41_sinkhorn": {
+        "inputs": [("comb", "float"), ("eps", "float")],
+        "outputs": [("out", "float")],
+        "template": "int HC, int ITERS",
+        "args": "4, 20",
+    },
+    "deepseek_v41_hc_collapse": {
+        "inputs": [
+            ("streams", "T"),
+            ("mix", "float"),
+            ("scale", "float"),
+            ("base", "float"),
+            ("eps", "float"),
+        ],
+        "outputs": [("x", "T"), ("post", "float"), ("comb", "float")],
+        "template": "int HC, int D, typename T, int ITERS",
+        "args": "4, 4096, {T}, 20",
+    },
+    "deepseek_v41_hc_expand": {
+        "inputs": [
+            ("x", "T"),
+            ("residual", "T"),
+            ("post", "float"),
+            ("comb", "float"),
+        ],
+        "outputs": [("out", "T")],
+        "template": "int HC, int D, typename T",
+        "args": "4, 4096, {T}",
+    },
+}
+
+
+def sources():
+    """The sources deepseek_v41 gives metal_kernel, by kernel name."""
+    found = {}
+
+    def record(name, input_names, output_names, source, **kwargs):
+        found[name] = source
+        return lambda **kw: None
+
+    with mock.patch.object(mx.metal, "is_available", return_value=True), mock.patch(
+        "mlx.core.fast.metal_kernel", side_effect=record
+    ):
+        import importlib
+
+        import mlx_lm.models.deepseek_v41 as v41
+
+        importlib.reload(v41)
+    return found
+
+
+def wrap(name, source, dtype):
+    spec = KERNELS[name]
+
+    def pointer(arg, const):
+        arg_name, arg_type = arg
+        arg_type = dtype if arg_type == "T" else arg_type
+        lines = [f"{'const ' if const else ''}device {arg_type}* {arg_name}"]
+        if f"{arg_name}_shape" in source:
+            lines.append(f"const constant int* {arg_name}_shape")
+        return lines
+
+    params = []
+    for arg in spec["inputs"]:
+        params += pointer(arg, True)
+    for arg in spec["outputs"]:
+        params += pointer(arg, False)
+    params.append("uint3 thread_position_in_grid")
+    args = spec["args"].format(T=dtype)
+    return (
+        f"template <{spec['template']}>\n"
+        f"void {name}(\n    " + ",\n    ".join(params) + ") {\n"
+        f"{source}\n}}\n"
+        # Instantiate the template so its body is checked with types.
+        f"template void {name}<{args}>("
+        + ", ".join(_types(spec, dtype, source) + ["uint3"])
+        + ");\n"
+    )
+
+
+def main():
+    found = sources()
+    missing = set(KERNELS) - set(found)
+    if missing:
+        sys.exit(f"no Metal source for {sorted(missing)}")
+    failed = False
+    for name, source in found.items():
+        if name not in KERNELS:
+            sys.exit(f"{name}: add its signature to KERNELS")
+        generic = any(t == "T" for _, t in KERNELS[name]["inputs"])
+        for dtype in ("float", "bfloat16_t") if generic else ("float",):
+            code = PRELUDE + wrap(name, source, dtype)
+            with tempfile.NamedTemporaryFile("w", suffix=".cpp") as f:
+                f.write(code)
+                f.flush()
+                run = subprocess.run(
+                    ["g++", "-std=c++14", "-fsyntax-only", f.name],
+                    capture_output=True,
+                    text=True,
+                )
+            failed |= run.returncode != 0
+            status = "FAILED" if run.returncode else "ok"
+            if run.returncode == 0 and run.stderr:
+                status += ", with warnings"
+            print(f"{name} ({dtype}): {status}")
+            if run.returncode:
+                print(run.stderr)
+    sys.exit(1 if failed else 0)
+
+
+def _types(spec, dtype, source):
+    types = []
+    for i, (arg_name, arg_type) in enumerate(spec["inputs"] + spec["outputs"]):
+        const = "const " if i < len(spec["inputs"]) else ""
+        types.append(f"{const}{dtype if arg_type == 'T' else arg_type}*")
+        if f"{arg_name}_shape" in source:
+            types.append("const int*")
+    return types
+
+
+if __name__ == "__main__":
+    main()
