@@ -370,7 +370,8 @@ class Attention(nn.Module):
             if chosen is not None:
                 pool, seen = entries, chosen < visible[..., None]
             elif n > 0:
-                pool, seen = entries[:, :n], mx.arange(n) < visible[..., None]
+                # Every visible entry: the layers of a ratio share the mask.
+                pool = entries[:, :n]
         if chosen is not None and length > 1:
             out = self._sparse(q, window, pool, chosen, seen, rows)
         else:
@@ -382,18 +383,24 @@ class Attention(nn.Module):
 
     def _dense(self, q, window, pool, seen, rows):
         """Attention of queries that share their keys: the window rows and
-        the pool entries ``seen`` [B, L, n]. A prompt's queries go in blocks
-        of ``_QUERY_BLOCK``, each over the window rows it spans, not over
-        every key of the chunk."""
+        the pool entries ``seen`` [B, L, n] (None: every entry a query can
+        see). A prompt's queries go in blocks of ``_QUERY_BLOCK``, each over
+        the window rows it spans, not over every key of the chunk."""
         batch, heads, length, dims = q.shape
         sizes = self.window, window.shape[1] - 1 - length
+        ratio = None if pool is None else self.compressor.ratio
+        # Without a choice of entries the layers of a ratio share the mask.
+        shared = seen is None
+        if pool is not None and shared:
+            seen = rows.pool_mask(ratio)
         blocks = -(-length // _QUERY_BLOCK)
         if blocks == 1:
-            keys, mask = window, rows.window_mask(sizes)
-            if pool is not None:
-                keys = mx.concatenate([keys, pool], axis=1)
-                mask = mx.concatenate([mask, seen], axis=-1)
-            keys, mask = keys[:, None], mask[:, None]
+            keys = window if pool is None else mx.concatenate([window, pool], 1)
+            if shared:
+                mask = rows.keys_mask((*sizes, ratio))
+            else:
+                mask = mx.concatenate([rows.window_mask(sizes), seen], -1)[:, None]
+            keys = keys[:, None]
         else:
             block = _QUERY_BLOCK
             pad = blocks * block - length
