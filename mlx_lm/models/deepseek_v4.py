@@ -399,8 +399,15 @@ class Attention(nn.Module):
             if shared:
                 mask = rows.keys_mask((*sizes, ratio))
             else:
-                mask = mx.concatenate([rows.window_mask(sizes), seen], -1)[:, None]
-            keys = keys[:, None]
+                mask = mx.concatenate([rows.window_mask(sizes), seen], axis=-1)
+            if length == 1:
+                # One key head: the heads are the rows of one matmul (sdpa
+                # has no kernel for 64 heads a key head; its fallback
+                # broadcasts the keys to every head in twice the primitives).
+                scores = q.reshape(batch, heads, dims) @ keys.swapaxes(-1, -2)
+                weights = _sink_softmax(scores, mask, self.attn_sink, self.scale)
+                return (weights @ keys)[:, :, None]
+            keys, mask = keys[:, None], mask[:, None]
         else:
             block = _QUERY_BLOCK
             pad = blocks * block - length
@@ -438,7 +445,7 @@ class Attention(nn.Module):
         # The buffer keeps ``capacity`` slots and one more before the rows.
         capacity = window.shape[1] - 1 - length
         index, valid = rows.window_rows((self.window, capacity))
-        q = (q * self.scale).swapaxes(1, 2)
+        q = q.swapaxes(1, 2)
         window, pool = window[:, None], pool[:, None]
         out = []
         for i in range(0, length, _TOP_K_BLOCK):
@@ -452,7 +459,9 @@ class Attention(nn.Module):
             )
             mask = mx.concatenate([valid[:, block], seen[:, block]], axis=-1)
             scores = q[:, block] @ keys.swapaxes(-1, -2)
-            weights = _sink_softmax(scores, mask[:, :, None], self.attn_sink)
+            weights = _sink_softmax(
+                scores, mask[:, :, None], self.attn_sink, self.scale
+            )
             out.append(weights @ keys)
         return mx.concatenate(out, axis=1).swapaxes(1, 2)
 
@@ -474,11 +483,11 @@ class Attention(nn.Module):
 
 
 @partial(mx.compile, shapeless=True)
-def _sink_softmax(scores, mask, sinks):
-    """Softmax in float32 over the keys a query sees and its head's sink
-    ([heads], next to the keys' axis); the weights of the keys in the
-    scores' dtype."""
-    logits = mx.where(mask, scores.astype(mx.float32), -mx.inf)
+def _sink_softmax(scores, mask, sinks, scale):
+    """Softmax in float32 of the scores times ``scale`` over the keys a query
+    sees and its head's sink ([heads], next to the keys' axis); the weights
+    of the keys in the scores' dtype."""
+    logits = mx.where(mask, scores.astype(mx.float32) * scale, -mx.inf)
     sinks = sinks[:, None]
     top = mx.maximum(logits.max(axis=-1, keepdims=True), sinks)
     weights = mx.exp(logits - top)
