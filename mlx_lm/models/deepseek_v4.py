@@ -469,9 +469,14 @@ class Attention(nn.Module):
         batch, _, length, _ = out.shape
         # Undo the keys' rotation at the query position.
         rope = _rope_step if length == 1 else _rope
-        out = rope(out, self._inverse_freqs, rows.shift).swapaxes(1, 2)
-        # Each group of heads has its own projection: [B, groups, L, dims].
-        out = out.reshape(batch, length, self.o_groups, -1).swapaxes(1, 2)
+        out = rope(out, self._inverse_freqs, rows.shift)
+        # Each group of heads has its own projection: [B, groups, L, dims]
+        # (one token: the heads are in the groups' order already).
+        if length == 1:
+            out = out.reshape(batch, self.o_groups, 1, -1)
+        else:
+            out = out.swapaxes(1, 2).reshape(batch, length, self.o_groups, -1)
+            out = out.swapaxes(1, 2)
         # Plain weights as one batched matmul: gather_mm of whole groups
         # needs a JIT-compiled kernel on CUDA; quantized ones go through
         # gather_qmm (and LoRA through its own call).
@@ -479,7 +484,9 @@ class Attention(nn.Module):
             out = out @ self.wo_a.weight.swapaxes(-1, -2)
         else:
             out = self.wo_a(out, self._group_ids)
-        return self.wo_b(out.swapaxes(1, 2).reshape(batch, length, -1))
+        if length > 1:
+            out = out.swapaxes(1, 2)
+        return self.wo_b(out.reshape(batch, length, -1))
 
 
 @partial(mx.compile, shapeless=True)
