@@ -402,7 +402,7 @@ class Attention(nn.Module):
                 mask = mx.concatenate([rows.window_mask(sizes), seen], axis=-1)
             if length == 1:
                 # One key head: the heads are the rows of one matmul (sdpa
-                # has no kernel for 64 heads a key head; its fallback
+                # has no kernel for so many heads a key head; its fallback
                 # broadcasts the keys to every head in twice the primitives).
                 scores = q.reshape(batch, heads, dims) @ keys.swapaxes(-1, -2)
                 weights = _sink_softmax(scores, mask, self.attn_sink, self.scale)
