@@ -92,6 +92,13 @@ class TestBadModelFolders(TemporaryFolderTestCase):
         with self.assertRaisesRegex(ValueError, "<｜User｜>.*deepseek_v4"):
             load(str(path))
 
+    def test_a_missing_folder_is_named(self):
+        # Paths that cannot be Hugging Face repo ids are not looked up there.
+        for path in (self.tmp / "missing", "./missing", "../missing/model"):
+            with self.subTest(path=path):
+                with self.assertRaisesRegex(FileNotFoundError, f"{path} "):
+                    load(str(path))
+
     def test_mistyped_config_values_name_the_field(self):
         for model_type, key in (
             ("deepseek_v4", "num_attention_heads"),
