@@ -33,13 +33,12 @@ import dsv4_speed as S
 
 from mlx_lm.models import deepseek_v41 as V41
 
-KERNELS = {"collapse": V41._collapse_kernel}
-VARIANTS = {"all": ("collapse", "route"), "hc": ("collapse",), "none": ()}
+KERNELS = {"hc": V41._collapse_kernel, "none": None}
 
 
 def use(variant):
-    on = VARIANTS[variant]
-    V41._collapse_kernel = KERNELS["collapse"] if "collapse" in on else None
+    """ "hc": the kernels (collapse and expand), "none": the ops."""
+    V41._collapse_kernel = KERNELS[variant]
 
 
 def numerics():
@@ -72,7 +71,9 @@ def numerics():
     )
 
 
-def run(layers, experts, reps, steps, variants):
+def flash_driver(layers, experts):
+    """Random bf16 weights at Flash's per-layer sizes, dsv4_speed's driver and
+    a 1,024-token prompt."""
     a = types.SimpleNamespace(
         tiny=False,
         schedule=None,
@@ -84,7 +85,11 @@ def run(layers, experts, reps, steps, variants):
     config = S.make_config(a)
     model = S.make_fork(config)
     d = S.Driver("fork", model, S.forward_fn(model, False), 2048)
-    prompt = mx.arange(1024) % config["vocab_size"]
+    return model, d, mx.arange(1024) % config["vocab_size"]
+
+
+def run(layers, experts, reps, steps, variants):
+    model, d, prompt = flash_driver(layers, experts)
     res = {v: [] for v in variants}
     prims = {}
     for r in range(reps + 1):
@@ -95,17 +100,7 @@ def run(layers, experts, reps, steps, variants):
             tic = time.perf_counter()
             y = d.decode(y, cache, steps)
             rate = steps / (time.perf_counter() - tic)
-            parts = []
-            for _ in range(8):
-                mx.eval(y)
-                t0 = time.perf_counter()
-                y = d._step(y, cache)
-                t1 = time.perf_counter()
-                mx.async_eval(y)
-                t2 = time.perf_counter()
-                y.item()
-                parts.append((t1 - t0, t2 - t1, time.perf_counter() - t2))
-            b, e, w = (statistics.median(p[i] for p in parts) * 1e3 for i in range(3))
+            _, (b, e, w) = timed_decode(d, y, cache, 8, pipelined=False)
             if v not in prims:
                 prims[v] = d.step_primitives(y, cache)
             if r:
@@ -173,18 +168,7 @@ def timed_decode(d, y, cache, steps, pipelined, tie=True):
 def loops(layers, experts, reps, steps):
     """generate_step's pipelined loop against one step at a time (the ops),
     and pipelined without tying the caches to the logits."""
-    a = types.SimpleNamespace(
-        tiny=False,
-        schedule=None,
-        layers=layers,
-        experts=experts,
-        experts_per_token=6,
-        **{f: None for f in S.OVERRIDES},
-    )
-    config = S.make_config(a)
-    model = S.make_fork(config)
-    d = S.Driver("fork", model, S.forward_fn(model, False), 2048)
-    prompt = mx.arange(1024) % config["vocab_size"]
+    model, d, prompt = flash_driver(layers, experts)
     use("none")
     kinds = (
         ("pipelined", True, True),

@@ -95,31 +95,29 @@ def sources():
     return found
 
 
+def arguments(spec, dtype, source):
+    """(type, name) of each argument, as metal_kernel writes the signature:
+    the inputs, each with its shape where the source reads it, the outputs,
+    the thread's position."""
+    args = []
+    for i, (name, kind) in enumerate(spec["inputs"] + spec["outputs"]):
+        const = "const " if i < len(spec["inputs"]) else ""
+        args.append((f"{const}device {dtype if kind == 'T' else kind}*", name))
+        if f"{name}_shape" in source:
+            args.append(("const constant int*", f"{name}_shape"))
+    return args + [("uint3", "thread_position_in_grid")]
+
+
 def wrap(name, source, dtype):
     spec = KERNELS[name]
-
-    def pointer(arg, const):
-        arg_name, arg_type = arg
-        arg_type = dtype if arg_type == "T" else arg_type
-        lines = [f"{'const ' if const else ''}device {arg_type}* {arg_name}"]
-        if f"{arg_name}_shape" in source:
-            lines.append(f"const constant int* {arg_name}_shape")
-        return lines
-
-    params = []
-    for arg in spec["inputs"]:
-        params += pointer(arg, True)
-    for arg in spec["outputs"]:
-        params += pointer(arg, False)
-    params.append("uint3 thread_position_in_grid")
-    args = spec["args"].format(T=dtype)
+    args = arguments(spec, dtype, source)
     return (
         f"template <{spec['template']}>\n"
-        f"void {name}(\n    " + ",\n    ".join(params) + ") {\n"
+        f"void {name}(\n    " + ",\n    ".join(f"{t} {n}" for t, n in args) + ") {\n"
         f"{source}\n}}\n"
         # Instantiate the template so its body is checked with types.
-        f"template void {name}<{args}>("
-        + ", ".join(_types(spec, dtype, source) + ["uint3"])
+        f"template void {name}<{spec['args'].format(T=dtype)}>("
+        + ", ".join(t for t, _ in args)
         + ");\n"
     )
 
@@ -152,16 +150,6 @@ def main():
             if run.returncode:
                 print(run.stderr)
     sys.exit(1 if failed else 0)
-
-
-def _types(spec, dtype, source):
-    types = []
-    for i, (arg_name, arg_type) in enumerate(spec["inputs"] + spec["outputs"]):
-        const = "const " if i < len(spec["inputs"]) else ""
-        types.append(f"{const}{dtype if arg_type == 'T' else arg_type}*")
-        if f"{arg_name}_shape" in source:
-            types.append("const int*")
-    return types
 
 
 if __name__ == "__main__":

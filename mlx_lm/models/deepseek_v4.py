@@ -389,14 +389,11 @@ class Attention(nn.Module):
         batch, heads, length, dims = q.shape
         sizes = self.window, window.shape[1] - 1 - length
         ratio = None if pool is None else self.compressor.ratio
-        # Without a choice of entries the layers of a ratio share the mask.
-        shared = seen is None
-        if pool is not None and shared:
-            seen = rows.pool_mask(ratio)
         blocks = -(-length // _QUERY_BLOCK)
         if blocks == 1:
             keys = window if pool is None else mx.concatenate([window, pool], 1)
-            if shared:
+            if seen is None:
+                # No choice of entries: the layers of a ratio share the mask.
                 mask = rows.keys_mask((*sizes, ratio))
             else:
                 mask = mx.concatenate([rows.window_mask(sizes), seen], axis=-1)
@@ -414,6 +411,8 @@ class Attention(nn.Module):
             index, mask = rows.bands((*sizes, block))
             keys = mx.take_along_axis(window[:, None], index[..., None], axis=2)
             if pool is not None:
+                if seen is None:
+                    seen = rows.pool_mask(ratio)
                 shape = (batch, blocks, pool.shape[1], dims)
                 keys = mx.concatenate([keys, mx.broadcast_to(pool[:, None], shape)], 2)
                 seen = mx.pad(seen, [(0, 0), (0, pad), (0, 0)])
