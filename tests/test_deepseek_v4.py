@@ -1615,7 +1615,6 @@ class TestMLXConversions(unittest.TestCase):
 
     def test_invalid_config_names_the_field(self):
         cases = (
-            ({"quantization": {"group_size": 64, "bits": 8, "mode": "fp7"}}, "mode"),
             (
                 {
                     "quantization": {
