@@ -149,9 +149,12 @@ class TestPublishedConfigs(unittest.TestCase):
             "intermediate_size": 128,
             "rope_theta": [5000000.0, 10000.0, 10000.0, 5000000.0],
             "sliding_window": 8,
-            "layer_types": ["full_attention"]
-            + ["sliding_attention"] * 2
-            + ["full_attention"],
+            "layer_types": [
+                "full_attention",
+                "sliding_attention",
+                "sliding_attention",
+                "full_attention",
+            ],
             "partial_rotary_factors": [0.5, 1.0, 1.0, 0.5],
             "attention_other_setting": {
                 "num_attention_heads": 8,
