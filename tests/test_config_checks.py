@@ -122,7 +122,7 @@ class TestPublishedConfigs(unittest.TestCase):
         # tests/configs: config.json files of the families users run, each
         # named for the Hugging Face repository it comes from.
         paths = sorted(CONFIGS.glob("*.json"))
-        self.assertEqual(len(paths), 18)
+        self.assertEqual(len(paths), 21)
         for path in paths:
             with self.subTest(config=path.stem):
                 config = json.loads(path.read_text())
