@@ -147,15 +147,11 @@ class TestPublishedConfigs(unittest.TestCase):
             "num_attention_groups": 2,
             "head_dim": 16,
             "intermediate_size": 128,
-            "rope_theta": [5000000.0, 10000.0, 10000.0, 5000000.0],
+            # Step-3.5-Flash's own: 5e6 on full attention, 1e4 on the window.
+            "rope_theta": [5000000.0, 10000.0, 10000.0, 10000.0],
             "sliding_window": 8,
-            "layer_types": [
-                "full_attention",
-                "sliding_attention",
-                "sliding_attention",
-                "full_attention",
-            ],
-            "partial_rotary_factors": [0.5, 1.0, 1.0, 0.5],
+            "layer_types": ["full_attention"] + ["sliding_attention"] * 3,
+            "partial_rotary_factors": [0.5, 1.0, 1.0, 1.0],
             "attention_other_setting": {
                 "num_attention_heads": 8,
                 "num_attention_groups": 2,
