@@ -39,6 +39,7 @@ CONFIG = {
     "mlp_layer_types": ["moe"] * 4,
     "max_position_embeddings": 4096,
     "num_nextn_predict_layers": 1,
+    "mtp": True,
 }
 
 

@@ -716,6 +716,7 @@ def main():
     if args.speculative:
         # The MTP block after the layers, a CSA layer as Flash's.
         config["num_nextn_predict_layers"] = 1
+        config["mtp"] = True
         config["compress_ratios"] = config["compress_ratios"] + [4]
     print(
         f"DeepSeek-V4: {config['num_hidden_layers']} layers "

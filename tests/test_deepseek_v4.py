@@ -153,6 +153,8 @@ def make_tiny_model_folder(path, config=None, seed=0):
     mx.save_safetensors(
         str(path / "model.safetensors"), dict(tree_flatten(model.parameters()))
     )
+    # "mtp" asks the loader for the MTP block: no checkpoint's field.
+    config = {k: v for k, v in config.items() if k != "mtp"}
     with open(path / "config.json", "w") as f:
         json.dump(config, f, indent=2)
     make_tiny_tokenizer(path, config["vocab_size"])
@@ -1128,8 +1130,10 @@ _FLOAT32 = re.compile(r".*(hc_|ape|attn_sink|\.bias$)")
 
 
 def _random_weights(config, seed=0):
-    """Random MLX-named weights for the tiny model, with usable magnitudes."""
-    model = deepseek_v4.Model(deepseek_v4.ModelArgs.from_dict(config))
+    """Random MLX-named weights for the tiny model and its MTP block, with
+    usable magnitudes."""
+    args = deepseek_v4.ModelArgs.from_dict({**config, "mtp": True})
+    model = deepseek_v4.Model(args)
     rng = np.random.default_rng(seed)
     weights = {}
     for name, value in tree_flatten(model.parameters()):
@@ -1340,8 +1344,8 @@ class TestReleasedFormat(unittest.TestCase):
         return self.path / name, self.path / f"{name}-dequantized"
 
     def _check_against_dequantized(self, path, reference, expert_mode):
-        model, _ = load_model(path)
-        expected, _ = load_model(reference)
+        model, _ = load_model(path, model_config={"mtp": True})
+        expected, _ = load_model(reference, model_config={"mtp": True})
 
         modes = _quantized_layers(model)
         # The MTP block is fp8 as the layers are, its projections too.
@@ -1413,16 +1417,19 @@ class TestReleasedFormat(unittest.TestCase):
 
         path, _ = self._write_release("convert-source")
         _write_tokenizer(path)
-        source, config = load_model(path)
+        # With the MTP block, which convert keeps.
+        mtp = {"mtp": True}
+        source, config = load_model(path, model_config=mtp)
+        config.pop("mtp")
         expected = source(TOKENS)
 
         convert(str(path), mlx_path=str(self.path / "converted"))
-        model, _ = load_model(self.path / "converted")
+        model, _ = load_model(self.path / "converted", model_config=mtp)
         self.assertEqual(_quantized_layers(model), _quantized_layers(source))
         self.assertTrue(mx.array_equal(model(TOKENS), expected))
 
         convert(str(path), mlx_path=str(self.path / "converted-q"), quantize=True)
-        model, _ = load_model(self.path / "converted-q")
+        model, _ = load_model(self.path / "converted-q", model_config=mtp)
         source, _ = quantize_model(source, config, None, None)
         self.assertIn("lm_head", _quantized_layers(model))
         self.assertEqual(_quantized_layers(model), _quantized_layers(source))
@@ -1535,7 +1542,8 @@ class TestMLXConversions(unittest.TestCase):
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
         cls.path = Path(cls.tmp.name)
-        args = deepseek_v4.ModelArgs.from_dict(CONFIG)
+        # With its MTP block, as conversions keep it.
+        args = deepseek_v4.ModelArgs.from_dict({**CONFIG, "mtp": True})
         cls.model = deepseek_v4.Model(args)
         cls.model.load_weights(list(_random_weights(CONFIG).items()))
         cls.model, cls.config = quantize_model(
@@ -1565,6 +1573,10 @@ class TestMLXConversions(unittest.TestCase):
         self.assertEqual(modes["model.layers.3.attn.indexer.wq_b"], "mxfp8")
         self.assertEqual(modes["lm_head"], "affine")
         self.assertTrue(mx.array_equal(model(TOKENS), self.expected))
+        # The MTP block loads where asked for.
+        self.assertEqual(model.mtp, [])
+        model, _ = load_model(self.path / "community", model_config={"mtp": True})
+        self.assertEqual(_quantized_layers(model), _quantized_layers(self.model))
 
     def test_early_upload_names_load(self):
         def early_name(name):
@@ -1588,7 +1600,7 @@ class TestMLXConversions(unittest.TestCase):
             early_name(k): v for k, v in config["quantization"].items()
         }
         path = self._save("early", weights, config)
-        model, _ = load_model(path)
+        model, _ = load_model(path, model_config={"mtp": True})
         self.assertEqual(_quantized_layers(model), _quantized_layers(self.model))
         self.assertTrue(mx.array_equal(model(TOKENS), self.expected))
 

@@ -2,6 +2,7 @@
 
 import contextlib
 import io
+import json
 import re
 import subprocess
 import sys
@@ -41,7 +42,10 @@ from mlx_lm.models.cache import (
     trim_prompt_cache,
 )
 
-MTP_CONFIG = {**TINY_CONFIG, "num_nextn_predict_layers": 1}
+# A checkpoint with an MTP block, loaded with it ("mtp"; a folder written
+# from it has the block's weights and the checkpoint's config alone).
+MTP_CONFIG = {**TINY_CONFIG, "num_nextn_predict_layers": 1, "mtp": True}
+WITH_MTP = {"mtp": True}
 PROMPT = mx.array([5, 17, 33, 2, 61, 40, 7, 7, 12, 50, 3, 28, 44, 19, 8] * 3)
 
 # DeepSeek's release names of the MTP block, from this model's.
@@ -121,6 +125,26 @@ class TestMTPWeights(unittest.TestCase):
         self.assertGreater(block, 0)
         self.assertEqual(nbytes(self.model), nbytes(plain) + block)
 
+    def test_loaded_only_where_asked_for(self):
+        # A folder with the block: load() holds the parameters of the model
+        # without it; model_config={"mtp": True} (what --mtp passes) adds it.
+        def sizes(model):
+            return {k: v.nbytes for k, v in tree_flatten(model.parameters())}
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = make_tiny_model_folder(Path(tmp) / "mtp", MTP_CONFIG)
+            saved = mx.load(str(path / "model.safetensors"))
+            self.assertTrue(any(k.startswith("mtp.0.") for k in saved))
+            plain, _ = load(str(path))
+            with_block, _ = load(str(path), model_config=WITH_MTP)
+        expected = sizes(make_tiny_model(TINY_CONFIG))
+        self.assertEqual(sizes(plain), expected)
+        self.assertEqual(plain.mtp, [])
+        got = sizes(with_block)
+        block = {k for k in got if k.startswith("mtp.0.")}
+        self.assertEqual(block, {k for k in saved if k.startswith("mtp.0.")})
+        self.assertEqual({k: got[k] for k in got.keys() - block}, expected)
+
     def test_skipped_where_absent_or_not_asked_for(self):
         weights = target_weights(self.model)
         # A checkpoint without the block (transformers' save_pretrained
@@ -128,10 +152,12 @@ class TestMTPWeights(unittest.TestCase):
         model = loaded(MTP_CONFIG, weights)
         self.assertEqual(model.mtp, [])
         self.assertEqual(model.make_mtp_cache(), [])
-        # The user asks for none: the block's weights are not loaded.
+        # The user does not ask for it, or the config says there is none:
+        # the block's weights are not loaded.
         with_block = {**weights, **release_mtp_weights(self.model)}
-        model = loaded({**MTP_CONFIG, "num_nextn_predict_layers": 0}, with_block)
-        self.assertEqual(model.mtp, [])
+        for change in ({"mtp": False}, {"num_nextn_predict_layers": 0}):
+            model = loaded({**MTP_CONFIG, **change}, with_block)
+            self.assertEqual(model.mtp, [])
         # Another kind of drafter under mtp.* (V4.1's) loads without it, and
         # says so in one line.
         other = {**weights, "mtp.0.blocks.0.attn.wq.weight": mx.zeros((4, 4))}
@@ -409,7 +435,7 @@ class TestMTPCommands(unittest.TestCase):
     def test_stream_generate_and_the_command(self):
         with tempfile.TemporaryDirectory() as tmp:
             path = make_tiny_model_folder(Path(tmp) / "mtp", MTP_CONFIG)
-            model, tokenizer = load(str(path))
+            model, tokenizer = load(str(path), model_config=WITH_MTP)
             self.assertEqual(len(model.mtp), 1)
             prompt = "The quick brown fox"
             texts = []
@@ -463,7 +489,7 @@ class TestMTPCommands(unittest.TestCase):
         # file gives, in Python and with mlx_lm.generate --mtp.
         with tempfile.TemporaryDirectory() as tmp:
             path = make_tiny_model_folder(Path(tmp) / "mtp", MTP_CONFIG)
-            model, tokenizer = load(str(path))
+            model, tokenizer = load(str(path), model_config=WITH_MTP)
             files = {}
             for mtp in (False, True):
                 files[mtp] = str(Path(tmp) / f"cache_{mtp}.safetensors")
@@ -488,6 +514,8 @@ class TestMTPCommands(unittest.TestCase):
                 return [t for t, *_ in zip(range(24), steps)]
 
             self.assertEqual(tokens(True, files[True]), tokens(False, files[False]))
+            # Without MTP the block's cache in the file is left out.
+            self.assertEqual(tokens(False, files[True]), tokens(False, files[False]))
             # A file without the block's cache says so.
             with self.assertRaisesRegex(ValueError, "MTP entry"):
                 tokens(True, files[False])
@@ -498,14 +526,67 @@ class TestMTPCommands(unittest.TestCase):
                 cmd += ["--max-tokens", "16", "--ignore-chat-template", *extra]
                 return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
 
-            runs = [command(files[False]), command(files[True], "--mtp")]
+            runs = [
+                command(files[False]),
+                command(files[True], "--mtp"),
+                command(files[True]),
+            ]
             for run in runs:
                 self.assertEqual(run.returncode, 0, run.stderr)
             texts = [run.stdout.split("==========")[1] for run in runs]
-            self.assertEqual(texts[0], texts[1])
+            self.assertEqual(texts[1:], texts[:1] * 2)
             run = command(files[False], "--mtp")
             self.assertNotEqual(run.returncode, 0)
             self.assertIn("mlx_lm.cache_prompt --mtp", run.stderr)
+
+    def test_convert_keeps_the_block(self):
+        # mlx_lm.convert (and -q) writes the block with the model; it loads
+        # where asked for and drafts, with mlx_lm.generate --mtp too.
+        from mlx_lm.convert import convert
+
+        prompt = "The quick brown fox"
+        with tempfile.TemporaryDirectory() as tmp:
+            path = make_tiny_model_folder(Path(tmp) / "mtp", MTP_CONFIG)
+            source, _ = load(str(path), model_config=WITH_MTP)
+            for name, quantize in (("converted", False), ("converted-q", True)):
+                out = Path(tmp) / name
+                with contextlib.redirect_stdout(io.StringIO()):
+                    convert(str(path), mlx_path=str(out), quantize=quantize)
+                with open(out / "config.json") as f:
+                    self.assertNotIn("mtp", json.load(f))
+                self.assertEqual(load(str(out))[0].mtp, [])
+                model, tokenizer = load(str(out), model_config=WITH_MTP)
+                self.assertEqual(len(model.mtp), 1)
+                if quantize:
+                    # The tiny block's one projection of 64-column groups.
+                    self.assertEqual(model.mtp[0].attn.wo_a.bits, 4)
+                else:
+                    got = dict(tree_flatten(model.mtp[0].parameters()))
+                    want = dict(tree_flatten(source.mtp[0].parameters()))
+                    self.assertEqual(got.keys(), want.keys())
+                    for k, v in got.items():
+                        self.assertTrue(mx.array_equal(v, want[k]), k)
+                texts = []
+                with mock.patch.object(
+                    model, "mtp_draft", wraps=model.mtp_draft
+                ) as draft:
+                    for mtp in (False, True):
+                        steps = stream_generate(
+                            model, tokenizer, prompt, max_tokens=20, mtp=mtp
+                        )
+                        texts.append("".join(r.text for r in steps))
+                self.assertGreater(draft.call_count, 10)
+                self.assertEqual(texts[0], texts[1])
+
+            cmd = [sys.executable, "-m", "mlx_lm", "generate", "--model", str(out)]
+            cmd += ["--prompt", prompt, "--max-tokens", "20", "--ignore-chat-template"]
+            run = subprocess.run(
+                cmd + ["--mtp"], capture_output=True, text=True, timeout=300
+            )
+            self.assertEqual(run.returncode, 0, run.stderr)
+            raw = tokenizer.encode(prompt, add_special_tokens=True)
+            steps = stream_generate(model, tokenizer, raw, max_tokens=20)
+            self.assertIn("".join(r.text for r in steps), run.stdout)
 
     def test_server_gives_the_plain_text_through_its_prompt_cache(self):
         # The same prompt again and a longer one: the server's prompt cache

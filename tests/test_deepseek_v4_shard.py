@@ -461,13 +461,17 @@ class TestDeepseekV4Pipeline(unittest.TestCase):
                 self.assertEqual(args.compress_rope_theta, 160000)
                 self.assertEqual(args.rope_scaling["factor"], 16)
                 # Built lazily: the parameters are never allocated.
-                model = deepseek_v4.Model(args)
-                params = tree_flatten(model.parameters())
+                mtp = deepseek_v4.ModelArgs.from_dict({**config, "mtp": True})
+                params = tree_flatten(deepseek_v4.Model(mtp).parameters())
                 total = sum(v.size for _, v in params)
                 block = sum(v.size for k, v in params if k.startswith("mtp."))
-                # 1.6T with the MTP block (one more layer).
+                # 1.6T with the MTP block (one more layer), which loads only
+                # where asked for.
                 self.assertEqual(round(total / 1e9), 1599)
                 self.assertEqual(round((total - block) / 1e9), 1573)
+                model = deepseek_v4.Model(args)
+                plain = sum(v.size for _, v in tree_flatten(model.parameters()))
+                self.assertEqual(plain, total - block)
                 self.assertEqual(len(model.make_cache()), 61)
         flash = deepseek_v4.Model(deepseek_v4.ModelArgs.from_dict(FLASH_CONFIG))
         total = sum(v.size for _, v in tree_flatten(flash.parameters()))

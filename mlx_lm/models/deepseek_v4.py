@@ -81,8 +81,11 @@ class ModelArgs(BaseModelArgs):
     rope_scaling: Optional[Dict[str, Any]] = None
     rope_parameters: Optional[Dict[str, Any]] = None
     max_position_embeddings: int = 1048576
-    # MTP blocks (`mtp.*`), for speculative decoding; 0 skips them at load.
+    # The checkpoint's MTP blocks (`mtp.*`), for speculative decoding.
     num_nextn_predict_layers: int = 0
+    # Whether they load (load(..., model_config={"mtp": True}), --mtp):
+    # without it they cost no memory.
+    mtp: bool = False
     # DeepSeek's schema
     compress_ratios: Optional[List[int]] = None
     num_hash_layers: Optional[int] = None
@@ -690,8 +693,8 @@ class Model(nn.Module):
         self.model_type = args.model_type
         self.model = DeepseekV4Model(args)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
-        n = args.num_hidden_layers
-        self.mtp = [MTPBlock(args, n + i) for i in range(args.num_nextn_predict_layers)]
+        n, blocks = args.num_hidden_layers, args.num_nextn_predict_layers
+        self.mtp = [MTPBlock(args, n + i) for i in range(blocks if args.mtp else 0)]
 
     def __call__(
         self,
@@ -839,8 +842,8 @@ class Model(nn.Module):
         return out
 
     def _keep_mtp(self, weights: Dict[str, mx.array]) -> bool:
-        """Whether the MTP blocks load; they are dropped where the checkpoint
-        has no DeepSeek-V4 MTP block."""
+        """Whether the MTP blocks load: where asked for (``args.mtp``) and
+        the checkpoint has a DeepSeek-V4 MTP block."""
         if self.mtp and not any(_MTP_BLOCK_KEY.search(k) for k in weights):
             if any(_MTP_KEY.search(k) for k in weights):
                 print(
