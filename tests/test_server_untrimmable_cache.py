@@ -11,9 +11,9 @@ from pathlib import Path
 from unittest import mock
 
 import mlx.core as mx
+from mlx_lm.utils import _get_classes, save_model
 
 from mlx_lm import server
-from mlx_lm.utils import _get_classes, save_model
 
 # Qwen3.5's shape in small: linear-attention layers, whose cache cannot be
 # trimmed, and a template that ends in <think> unless thinking is off.
