@@ -66,7 +66,16 @@ CHAT_TEMPLATE = (
     "<|start|>{{ m.role }}<|sep|>{{ m.content }}{% endfor %}"
     "{% if add_generation_prompt %}<|start|>assistant<|sep|>{% endif %}"
 )
-SPECIAL_TOKENS = ("<bos>", "<eos>", "<|start|>", "<|sep|>", "<think>", "</think>")
+SPECIAL_TOKENS = (
+    "<bos>",
+    "<eos>",
+    "<|start|>",
+    "<|sep|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+)
 
 
 def make_tiny_tokenizer(path, vocab_size, chat_template=CHAT_TEMPLATE):
