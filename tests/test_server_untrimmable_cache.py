@@ -142,16 +142,22 @@ class TestServerUntrimmableCache(unittest.TestCase):
         self.assertEqual(status, 200, answer)
 
     def test_a_failed_request_leaves_the_server_serving(self):
-        def fail(*args, **kwargs):
-            raise RuntimeError("no room for it")
-
-        insert = "insert_segments"
-        with mock.patch.object(server.BatchGenerator, insert, fail):
-            status, answer = self.chat(messages=[{"role": "user", "content": "Hi"}])
-        self.assertNotEqual(status, 200, answer)
-        messages = [{"role": "user", "content": "The lazy dog"}]
-        status, answer = self.chat(messages=messages, max_tokens=3)
-        self.assertEqual(status, 200, answer)
+        places = [
+            (server.BatchGenerator, "insert_segments"),
+            (server.LRUPromptCache, "fetch_nearest_cache"),
+        ]
+        for i, (owner, name) in enumerate(places):
+            with self.subTest(name):
+                error = RuntimeError("no room for it")
+                with mock.patch.object(owner, name, side_effect=error) as fail:
+                    messages = [{"role": "user", "content": f"Hi {i}"}]
+                    status, answer = self.chat(messages=messages)
+                fail.assert_called_once()
+                # That request fails (how it is answered is not this test's).
+                self.assertNotEqual(status, 200, answer)
+                messages = [{"role": "user", "content": f"The lazy dog {i}"}]
+                status, answer = self.chat(messages=messages, max_tokens=3)
+                self.assertEqual(status, 200, answer)
 
 
 if __name__ == "__main__":
