@@ -392,7 +392,7 @@ class TestDeepseekV4ChatServer(unittest.TestCase):
             with self.subTest(**{k: str(v) for k, v in fields.items()}):
                 status, answer = self.status_of({"messages": ask, **fields})
                 self.assertEqual(status, 400, answer)
-                self.assertRegex(answer["error"], named)
+                self.assertRegex(str(answer["error"]), named)
 
     def test_reasoning_effort_reaches_only_templates_that_name_it(self):
         _, tokenizer = load(str(self.path))

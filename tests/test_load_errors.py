@@ -204,7 +204,7 @@ class TestServerWithABadModelFolder(unittest.TestCase):
                 self.assertEqual(status, 503)
                 status, answer = server.chat({"messages": user(), "max_tokens": 3})
                 self.assertEqual(status, 500)
-                self.assertIn(str(weights), answer["error"])
+                self.assertIn(str(weights), str(answer["error"]))
             finally:
                 server.close()
 

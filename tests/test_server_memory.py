@@ -9,8 +9,12 @@ from pathlib import Path
 from unittest import mock
 
 import mlx.core as mx
-from test_deepseek_v4 import make_tiny_model_folder
-from test_server_requests import ServerThread, make_model_provider, user
+from test_server_requests import (
+    ServerThread,
+    make_model_provider,
+    make_tiny_model_folder,
+    user,
+)
 
 from mlx_lm import server
 

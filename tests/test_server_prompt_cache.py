@@ -2,10 +2,15 @@
 
 import unittest
 
-from test_server_requests import ServerTestCase
+from test_server_requests import ServerTestCase, make_tiny_model_folder
 
 
 class TestServerPromptCache(ServerTestCase):
+
+    @classmethod
+    def make_model_folder(cls, path):
+        # A cache that cannot be trimmed is reused only at a segment's end.
+        return make_tiny_model_folder(path, "qwen3_5")
 
     def test_a_shared_system_prompt_comes_from_the_prompt_cache(self):
         system = {"role": "system", "content": "The quick brown fox. " * 8}

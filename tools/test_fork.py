@@ -115,16 +115,7 @@ class TestForkAssembly(unittest.TestCase):
         shutil.copytree(self.upstream, tree)
         self.assertEqual(fork.export(tree, "server-models"), [])
         prs = fork.closure(fork.series(), ["server-models"])
-        self.assertEqual(
-            [p.name for p in prs],
-            [
-                "config-checks",
-                "chat-encoder",
-                "deepseek-v4",
-                "server-requests",
-                "server-models",
-            ],
-        )
+        self.assertEqual([p.name for p in prs], ["server-requests", "server-models"])
         staged = self.staged_with(["server-models"])
         server = "mlx_lm/server.py"
         self.assertEqual((tree / server).read_text(), (staged / server).read_text())
@@ -210,16 +201,19 @@ class TestForkAssembly(unittest.TestCase):
             fork.stage(fork.DEV_TREE, link=True)
             rel = Path("mlx_lm/server.py")
             edited = fork.DEV_TREE / rel
-            # A line of server-requests that server-disconnect's hunk shows.
-            line = 'error = {"error": f"generation failed: {type(e).__name__}: {e}"}'
+            # A line of server-requests that server-disconnect's hunk shows
+            # (and server-openai-errors', the last one in the file).
+            line = 'logging.exception(f"Generation failed: {e}")'
             later = fork.assemble.patch_path("server-disconnect", rel).read_text()
             self.assertIn(line, later)
-            text = edited.read_text().replace(line, line.replace("gen", "Gen"))
+            head, _, tail = edited.read_text().rpartition(line)
+            text = head + line.replace("Gen", "gen") + tail
             edited.write_text(text)
             self.assertEqual(
                 sorted(fork.sync_patches("server-requests")),
                 [
                     "wrote patches/server-disconnect/mlx_lm/server.py.patch",
+                    "wrote patches/server-openai-errors/mlx_lm/server.py.patch",
                     "wrote patches/server-requests/mlx_lm/server.py.patch",
                 ],
             )

@@ -1,0 +1,103 @@
+# Copyright © 2026 Apple Inc.
+
+import http.client
+import json
+import unittest
+from unittest import mock
+
+from mlx_lm.server import Response
+from test_server_requests import (
+    CHAT_TEMPLATE,
+    ServerTestCase,
+    make_tiny_model_folder,
+    user,
+)
+
+# The markers name the json_tools parser: <tool_call>{json}</tool_call>.
+TOOL_TEMPLATE = CHAT_TEMPLATE + "{# <tool_call> tool_call.name #}"
+CALL = '<tool_call>{"name": "get_weather", "arguments": {"city": "Paris"}}</tool_call>'
+NOT_A_CALL = "<tool_call>the weather in Paris</tool_call>"
+TOOLS = [
+    {
+        "type": "function",
+        "function": {
+            "name": "get_weather",
+            "parameters": {"type": "object", "properties": {"city": {}}},
+        },
+    }
+]
+
+
+class TestServerToolFinish(ServerTestCase):
+
+    @classmethod
+    def make_model_folder(cls, path):
+        return make_tiny_model_folder(path, chat_template=TOOL_TEMPLATE)
+
+    def replying(self, reply):
+        """Patch the server to answer with reply instead of the model's text."""
+        generator = self.server.generator
+        generate = generator.generate
+
+        def answer(request, args, progress_callback=None):
+            ctx, response = generate(request, args, progress_callback)
+
+            def texts():
+                for _ in response:
+                    pass
+                for text in reply:
+                    yield Response(text, 0, 0.0, None, {})
+                yield Response("", 0, 0.0, "stop", {})
+
+            return ctx, texts()
+
+        return mock.patch.object(generator, "generate", answer)
+
+    def ask(self, reply, stream):
+        """(content, tool call names, finish_reason) as a client sees them."""
+        body = {"messages": user(), "tools": TOOLS, "max_tokens": 2, "stream": stream}
+        conn = http.client.HTTPConnection("127.0.0.1", self.server.port, timeout=300)
+        with self.replying(reply):
+            conn.request("POST", "/v1/chat/completions", json.dumps(body))
+            data = conn.getresponse().read().decode()
+        conn.close()
+        if not stream:
+            choice = json.loads(data)["choices"][0]
+            calls = choice["message"].get("tool_calls") or []
+            content = choice["message"]["content"] or ""
+            names = [c["function"]["name"] for c in calls]
+            return content, names, choice["finish_reason"]
+        content, names, finish = "", [], None
+        for line in data.splitlines():
+            if line.startswith("data: {"):
+                choice = json.loads(line[len("data: ") :])["choices"][0]
+                content += choice["delta"].get("content") or ""
+                calls = choice["delta"].get("tool_calls") or []
+                names += [c["function"]["name"] for c in calls]
+                finish = choice["finish_reason"] or finish
+        return content, names, finish
+
+    def assertAnswers(self, reply, content, names, finish_reason):
+        for stream in (False, True):
+            with self.subTest(stream=stream):
+                self.assertEqual(
+                    self.ask(reply, stream), (content, names, finish_reason)
+                )
+
+    def test_a_parsed_call_finishes_with_tool_calls(self):
+        self.assertAnswers([CALL], "", ["get_weather"], "tool_calls")
+        self.assertAnswers([CALL, " Done."], " Done.", ["get_weather"], "tool_calls")
+
+    def test_an_unparsed_call_finishes_with_stop_streamed_or_not(self):
+        # OpenAI's finish_reason is tool_calls only where tool calls are
+        # returned; the text that does not parse comes back as content.
+        self.assertAnswers([NOT_A_CALL], NOT_A_CALL, [], "stop")
+        self.assertAnswers([NOT_A_CALL, " Done."], NOT_A_CALL + " Done.", [], "stop")
+
+    def test_a_parsed_and_an_unparsed_call_finish_with_tool_calls(self):
+        reply = [NOT_A_CALL, " and ", CALL]
+        self.assertAnswers(reply, NOT_A_CALL + " and ", ["get_weather"], "tool_calls")
+
+
+if __name__ == "__main__":
+    unittest.main()
