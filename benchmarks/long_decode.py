@@ -85,7 +85,7 @@ CONFIGS = {
         "num_attention_heads": 4,
         "num_key_value_heads": 2,
         "rms_norm_eps": 1e-5,
-        "max_position_embeddings": 256,
+        "max_position_embeddings": 512,
         "tie_word_embeddings": False,
     },
     "qwen3": {
@@ -99,7 +99,7 @@ CONFIGS = {
         "head_dim": 16,
         "rms_norm_eps": 1e-6,
         "rope_theta": 1000000.0,
-        "max_position_embeddings": 256,
+        "max_position_embeddings": 512,
         "tie_word_embeddings": False,
     },
 }

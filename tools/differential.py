@@ -16,6 +16,7 @@ current differences make it.
 import fnmatch
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -65,6 +66,7 @@ def make_models(python, top, models=MODELS):
         "from long_decode import make_model_folder\n"
         "for name in sys.argv[3:]: make_model_folder(f'{sys.argv[2]}/{name}', name)"
     )
+    Path(top).mkdir(parents=True, exist_ok=True)
     cmd = [python, "-c", code, ROOT / "benchmarks", top, *models]
     subprocess.run(list(map(str, cmd)), check=True, env=_env(), cwd=top)
     return {name: str(Path(top) / name) for name in models}
@@ -96,6 +98,8 @@ def probe(python, models, work, out):
 def run_sides(fork_python, version, top, models=MODELS):
     """Both sides' outputs: (fork, pristine, seconds each)."""
     pristine = pristine_python(version)
+    for name in ("models", "fork", "pristine"):
+        shutil.rmtree(Path(top) / name, ignore_errors=True)
     folders = make_models(fork_python, Path(top) / "models", models)
     times = {}
 
@@ -164,6 +168,13 @@ def check_entries(entries, pr_names):
     return problems
 
 
+def covers(pattern, path):
+    """Whether ``pattern`` (fnmatch) names ``path`` or a part above it."""
+    return fnmatch.fnmatchcase(path, pattern) or fnmatch.fnmatchcase(
+        path, pattern + "/*"
+    )
+
+
 def match(diffs, entries):
     """(unexpected paths, stale patterns as (entry index, pattern), the
     entry index each expected path matched)."""
@@ -171,14 +182,17 @@ def match(diffs, entries):
     used = set()
     for path in diffs:
         for i, e in enumerate(entries):
-            hit = next((p for p in e.get("paths", []) if fnmatch.fnmatchcase(path, p)), None)
+            hit = next((p for p in e.get("paths", []) if covers(p, path)), None)
             if hit is not None:
                 owner[path] = i
                 used.add((i, hit))
                 break
     unexpected = [p for p in diffs if p not in owner]
     stale = [
-        (i, p) for i, e in enumerate(entries) for p in e.get("paths", []) if (i, p) not in used
+        (i, p)
+        for i, e in enumerate(entries)
+        for p in e.get("paths", [])
+        if (i, p) not in used
     ]
     return unexpected, stale, owner
 
@@ -199,10 +213,15 @@ def report(diffs, entries, pr_names):
     for i, e in enumerate(entries):
         n = counts.get(i, 0)
         lines.append(f"expected ({e.get('pr')}): {e.get('what')}: {n} outputs")
+    cases = {}
     for p in unexpected:
-        fork, pristine = diffs[p]
-        lines.append(f"UNEXPECTED: {p}\n    fork:     {_short(fork)}")
-        lines.append(f"    pristine: {_short(pristine)}")
+        cases.setdefault("/".join(p.split("/")[:3]), []).append(p)
+    for case, paths in cases.items():
+        lines.append(f"UNEXPECTED: {case} ({len(paths)} outputs differ)")
+        for p in paths[:3]:
+            fork, pristine = diffs[p]
+            lines.append(f"  {p}\n    fork:     {_short(fork)}")
+            lines.append(f"    pristine: {_short(pristine)}")
     for i, p in stale:
         lines.append(
             f"STALE: entry {i + 1} ({entries[i].get('what')!r}): {p} matches no "
@@ -232,9 +251,9 @@ def group_new(paths, models=MODELS):
     patterns = []
     for (area, case), names in sorted(cases.items()):
         if set(models) <= names:
-            patterns.append(f"{area}/*/{case}/*" if case else f"{area}/*")
+            patterns.append(f"{area}/*/{case}" if case else f"{area}/*")
         else:
-            patterns += [f"{area}/{m}/{case}/*" for m in sorted(names)]
+            patterns += [f"{area}/{m}/{case}" for m in sorted(names)]
     return patterns
 
 
@@ -248,9 +267,11 @@ def write_list(diffs, entries):
         "# Differences between the fork and pristine mlx-lm 0.32.2 that the",
         "# differential check (tools/differential.py) expects. Each: what",
         "# differs, the PR of patches/series.toml that makes it, why a client",
-        "# is better served, and the output paths (fnmatch patterns over",
-        "# <area>/<model>/<case>/<json path>; `python3 tools/fork.py",
-        "# differential --keep DIR` writes both sides' outputs).",
+        "# is better served, and the outputs: fnmatch patterns over",
+        "# <area>/<model>/<case>/<json path>, each naming the outputs it",
+        "# matches and those below them (`python3 tools/fork.py differential",
+        "# --keep DIR` writes both sides' outputs as DIR/fork.json and",
+        "# DIR/pristine.json).",
         "# Written by `python3 tools/fork.py differential --print`.",
         "",
     ]
