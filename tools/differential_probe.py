@@ -395,12 +395,19 @@ class Server:
             status, ctype, data = self.raw(method, path, body)
             out = {"status": status, "content_type": ctype}
             out["body"] = decode_body(ctype, data)
+            died = "generation thread died" in data
         except OSError as e:
             out = {"error": type(e).__name__}
+            died = True
         time.sleep(0.05)
         out["server_alive"] = self.proc.poll() is None
         if not out["server_alive"]:
             out["server_exit"] = self.proc.returncode
+            self.start()
+        elif died:
+            # Its generation thread is gone (every later request would fail
+            # alike): the next case gets a fresh server.
+            self.close()
             self.start()
         return out
 
@@ -537,25 +544,50 @@ def server_requests(name, tokenizer_vocab):
             {**comp, "prompt": "The quick brown fox jumps. " * 120, "max_tokens": 3},
         ),
         # Stop words: words of the answer to the same request without them
-        # (the probe fills them in from "chat" and "completions").
-        ("chat.stop", "POST", "/v1/chat/completions", {**chat, "stop": "<from chat>"}),
+        # (run_server fills them in from the answers named).
+        (
+            "chat.stop",
+            "POST",
+            "/v1/chat/completions",
+            {**chat, "stop": "<word of chat>"},
+        ),
         (
             "chat.stop_stream",
             "POST",
             "/v1/chat/completions",
-            {**chat, "stop": "<from chat>", "stream": True},
+            {**chat, "stop": "<word of chat>", "stream": True},
         ),
         (
             "completions.stop",
             "POST",
             "/v1/completions",
-            {**comp, "stop": ["<from completions>"]},
+            {**comp, "stop": ["<word of completions>"]},
         ),
         (
             "completions.stop_stream",
             "POST",
             "/v1/completions",
-            {**comp, "stop": ["<from completions>"], "stream": True},
+            {**comp, "stop": ["<word of completions>"], "stream": True},
+        ),
+        # A stop word the model generates as a token of its own.
+        ("chat.stop_piece", "POST", CHAT, {**chat, "stop": "<piece of chat.stream>"}),
+        (
+            "chat.stop_piece_stream",
+            "POST",
+            CHAT,
+            {**chat, "stop": ["<piece of chat.stream>"], "stream": True},
+        ),
+        (
+            "completions.stop_piece",
+            "POST",
+            COMP,
+            {**comp, "stop": ["<piece of completions.stream>"]},
+        ),
+        (
+            "completions.stop_piece_stream",
+            "POST",
+            COMP,
+            {**comp, "stop": "<piece of completions.stream>", "stream": True},
         ),
         ("chat.tools", "POST", "/v1/chat/completions", {**chat, "tools": TOOLS}),
         (
@@ -631,7 +663,6 @@ def server_requests(name, tokenizer_vocab):
             "/v1/chat/completions",
             {**chat, "logprobs": True, "top_logprobs": 50},
         ),
-        ("bad.stop_int", "/v1/chat/completions", {**chat, "stop": 5}),
         ("bad.model", "/v1/chat/completions", {**chat, "model": "./no-such-model"}),
         ("bad.n", "/v1/chat/completions", {**chat, "n": 2}),
         (
@@ -677,6 +708,9 @@ def server_requests(name, tokenizer_vocab):
             body = {"prompt": text, "max_tokens": 2}
             cases.append((f"completions.held_whole.{i}", "POST", COMP, body))
         cases.append(("chat.lazy.repeat", "POST", CHAT, lazy))
+    # 0.32.2's generation thread dies on it (the server is started again).
+    stop_int = {**chat, "messages": user("Uniform"), "stop": 5, "max_tokens": 3}
+    cases.append(("bad.stop_int", "POST", CHAT, stop_int))
     return cases
 
 
@@ -685,9 +719,23 @@ def stop_word(answer):
     text = ""
     if isinstance(answer, dict):
         for c in answer.get("choices") or []:
-            text = (c.get("message") or {}).get("content") or c.get("text") or ""
+            m = c.get("message") or {}
+            text = m.get("content") or m.get("reasoning") or c.get("text") or ""
     text = text.strip()
     return text[len(text) // 2 : len(text) // 2 + 2] if len(text) > 3 else "zzzz"
+
+
+def stop_piece(events):
+    """The text of the third piece of a streamed answer (one token's text,
+    as the model generates it), or a string it does not have."""
+    pieces = []
+    for e in events if isinstance(events, list) else []:
+        for c in e.get("choices", []) if isinstance(e, dict) else []:
+            d = c.get("delta") or {}
+            text = d.get("content") or d.get("reasoning") or c.get("text")
+            if text and text.strip():
+                pieces.append(text)
+    return pieces[2] if len(pieces) > 2 else "zzzz"
 
 
 def run_server(name, server):
@@ -696,12 +744,17 @@ def run_server(name, server):
     vocab = AutoTokenizer.from_pretrained(server.model).get_vocab()
     out = {}
     for case, method, path, body in server_requests(name, vocab):
-        if isinstance(body, dict) and "stop" in body:
-            source = "chat" if "chat" in case else "completions"
-            word = stop_word(out[source].get("body"))
-            stop = [word] if isinstance(body["stop"], list) else word
-            body = {**body, "stop": stop}
-            out[case + ".word"] = stop
+        stop = body.get("stop") if isinstance(body, dict) else None
+        source = stop[0] if isinstance(stop, list) else stop
+        if isinstance(source, str) and source.startswith("<word of "):
+            word = stop_word(out[source[9:-1]].get("body"))
+        elif isinstance(source, str) and source.startswith("<piece of "):
+            word = stop_piece(out[source[10:-1]].get("body"))
+        else:
+            word = None
+        if word is not None:
+            body = {**body, "stop": [word] if isinstance(stop, list) else word}
+            out[case + ".word"] = word
         out[case] = server.request(method, path, body)
     return out
 
