@@ -770,7 +770,7 @@ def test(ref=None):
     return all(results.values())
 
 
-def main(argv=None):
+def make_parser():
     parser = argparse.ArgumentParser(
         prog="tools/fork.py", description=__doc__.split("\n\n")[0]
     )
@@ -852,6 +852,11 @@ def main(argv=None):
     )
 
     sub.add_parser("upstream-path", help="print the pinned release's tree")
+    return parser
+
+
+def main(argv=None):
+    parser = make_parser()
     # demo and upstream-tests pass any other arguments on (to the benchmark
     # script and to pytest).
     args, extra = parser.parse_known_args(argv)
