@@ -9,8 +9,8 @@ benchmarks/long_decode.py builds (as ``tools/fork.py tiny-model`` does).
 Every output that differs must match an entry of
 tools/differential-expected.toml, which names the PR that makes the
 difference and why a client is better served by it; every entry must match
-a difference. ``tools/fork.py differential --print`` writes the list as the
-current differences make it.
+a difference. ``tools/fork.py differential --write`` writes the list as the
+current differences make it (``--print`` prints it).
 """
 
 import fnmatch
@@ -257,7 +257,7 @@ def group_new(paths, models=MODELS):
     return patterns
 
 
-def write_list(diffs, entries):
+def list_text(diffs, entries):
     """The text of the expected-differences file for ``diffs``: the entries
     that match something, with their patterns that match something, then an
     entry to fill in for what none matches."""
@@ -272,7 +272,9 @@ def write_list(diffs, entries):
         "# matches and those below them (`python3 tools/fork.py differential",
         "# --keep DIR` writes both sides' outputs as DIR/fork.json and",
         "# DIR/pristine.json).",
-        "# Written by `python3 tools/fork.py differential --print`.",
+        "# `python3 tools/fork.py differential --write` writes it from the",
+        "# differences found (the entries that match kept, one to fill in",
+        "# for the rest); `--print` prints it.",
         "",
     ]
     for i, e in enumerate(entries):
@@ -298,9 +300,10 @@ def _entry(e, paths):
 # ----------------------------------------------------------------------------
 
 
-def run(fork_python, version, pr_names, keep=None, print_list=False):
-    """The check; returns whether it passed (``print_list``: print the list
-    instead of the verdict)."""
+def run(fork_python, version, pr_names, keep=None, print_list=False, write_list=False):
+    """The check; returns whether it passed. ``print_list``: print the list
+    the differences make instead of the verdict; ``write_list``: write it
+    into EXPECTED."""
     tic = time.monotonic()
     with tempfile.TemporaryDirectory() as tmp:
         top = Path(keep) if keep else Path(tmp)
@@ -308,8 +311,13 @@ def run(fork_python, version, pr_names, keep=None, print_list=False):
         fork, pristine, times = run_sides(fork_python, version, top)
     diffs = differences(fork, pristine)
     entries = load_expected()
-    if print_list:
-        print(write_list(diffs, entries), end="")
+    if print_list or write_list:
+        text = list_text(diffs, entries)
+        if write_list:
+            EXPECTED.write_text(text)
+            print(f"wrote {EXPECTED}; fill in the entries marked {TODO}")
+        else:
+            print(text, end="")
         return True
     lines, ok = report(diffs, entries, pr_names)
     for line in lines:
@@ -322,4 +330,10 @@ def run(fork_python, version, pr_names, keep=None, print_list=False):
         f"differential: {len(diffs)} outputs differ, "
         f"{'as expected' if ok else 'FAILED'} ({took:.0f} s; {sides})"
     )
+    if not ok:
+        print(
+            "  `python3 tools/fork.py differential --write` makes the list "
+            "of expected differences what the fork gives now (then fill in "
+            f"the entries marked {TODO})"
+        )
     return ok

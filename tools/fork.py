@@ -837,6 +837,11 @@ def make_parser():
         "kept as they are; new ones to be filled in)",
     )
     p.add_argument(
+        "--write",
+        action="store_true",
+        help=f"write that list into {differential.EXPECTED.relative_to(ROOT)}",
+    )
+    p.add_argument(
         "--keep",
         metavar="DIR",
         help="write both sides' normalised outputs (fork.json, pristine.json) "
@@ -916,7 +921,12 @@ def main(argv=None):
             python = setup_dev()
             names = [p.name for p in series()]
             ok = differential.run(
-                python, UPSTREAM_VERSION, names, args.keep, args.print_list
+                python,
+                UPSTREAM_VERSION,
+                names,
+                keep=args.keep,
+                print_list=args.print_list,
+                write_list=args.write,
             )
             return 0 if ok else 1
         elif args.command == "test":

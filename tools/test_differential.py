@@ -84,7 +84,7 @@ class TestDifferences(unittest.TestCase):
         diffs = differential.differences(*sides())
         stale = entry(["server/*/chat"], what="gone")
         kept = entry(["server/llama/bad.n/status"], what="kept")
-        text = differential.write_list(diffs, [stale, kept])
+        text = differential.list_text(diffs, [stale, kept])
         entries = tomllib.loads(text)["difference"]
         self.assertEqual([e["what"] for e in entries], ["kept", "TODO"])
         # Its model named (only one of differential.MODELS differs there).

@@ -324,8 +324,9 @@ class TestForkAssembly(unittest.TestCase):
         self.assertTrue(tokenizer.encode("The quick brown fox"))
 
     def test_tiny_model_mtp_adds_the_block_that_generate_drafts_with(self):
-        from mlx_lm import load
         from mlx_lm.generate import generate
+
+        from mlx_lm import load
 
         folder = self.tmp / "tiny-mtp"
         with mock.patch.object(fork, "setup_dev", return_value=sys.executable):
