@@ -76,13 +76,88 @@ CONFIGS = {
             "tie_word_embeddings": False,
         },
     },
+    "llama": {
+        "model_type": "llama",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-5,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": False,
+    },
+    "qwen3": {
+        "model_type": "qwen3",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 128,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": False,
+    },
 }
+
+# A DeepSeek-V4 config with its multi-token-prediction block (`mtp.*`), which
+# `mlx_lm.generate --mtp` drafts with.
+MTP = {"num_nextn_predict_layers": 1}
 
 
 # ChatML, for the model types without a chat encoder of their own.
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+# Qwen's ChatML with tools (its <tool_call> JSON, which mlx_lm's json_tools
+# parser reads) and thinking (`enable_thinking`), for qwen3 and qwen3_5.
+QWEN_TEMPLATE = """\
+{%- if tools %}<|im_start|>system
+# Tools
+<tools>
+{%- for tool in tools %}
+{{ tool | tojson }}
+{%- endfor %}
+</tools>
+Call a function as <tool_call>{"name": ..., "arguments": ...}</tool_call><|im_end|>
+{% endif %}
+{%- for m in messages %}
+{%- if m.role == "assistant" and m.tool_calls %}<|im_start|>assistant
+{{ m.content or "" }}
+{%- for tool_call in m.tool_calls %}
+{%- set tool_call = tool_call.function or tool_call %}<tool_call>
+{"name": "{{ tool_call.name }}", "arguments": {{ tool_call.arguments | tojson }}}
+</tool_call>
+{%- endfor %}<|im_end|>
+{% elif m.role == "tool" %}<|im_start|>user
+<tool_response>
+{{ m.content }}
+</tool_response><|im_end|>
+{% else %}<|im_start|>{{ m.role }}
+{{ m.content }}<|im_end|>
+{% endif %}
+{%- endfor %}
+{%- if add_generation_prompt %}<|im_start|>assistant
+{% if enable_thinking is defined and not enable_thinking %}<think>
+
+</think>
+
+{% else %}<think>
+{% endif %}{% endif %}"""
+QWEN_TOKENS = (
+    "<|endoftext|>",
+    "<|im_end|>",
+    "<|im_start|>",
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
 )
 
 
@@ -107,6 +182,14 @@ def make_tokenizer(
         "The quick brown fox jumps over the lazy dog.",
         "Long generations must not grow the graph behind the cache.",
         "Write a story about a lighthouse keeper and the sea.",
+        # Enough words that the merges fill the vocabulary: ids past the
+        # trained ones decode to nothing.
+        "Hello! How are you today? I am fine, thank you; and what about you?",
+        "Please call the weather function for Paris, London and New York.",
+        "Numbers: 0 1 2 3 4 5 6 7 8 9 10 100 1000, then some more words.",
+        "Every model reads its config, loads weights and decodes one token.",
+        "A server answers requests: chat, completions, tools and streams.",
+        "Think step by step before you answer the question of the user.",
     ]
     tok.train_from_iterator(text * 10, trainer)
     PreTrainedTokenizerFast(
@@ -117,11 +200,16 @@ def make_tokenizer(
     ).save_pretrained(path)
 
 
-def make_model_folder(path, model_type, seed=0):
-    """A folder ``mlx_lm.load`` reads: config, random weights, tokenizer."""
+def make_model_folder(path, model_type, seed=0, mtp=False):
+    """A folder ``mlx_lm.load`` reads: config, random weights, tokenizer;
+    ``mtp``: DeepSeek-V4's multi-token-prediction block too."""
     from mlx_lm.utils import _get_classes, save_model
 
     config = CONFIGS[model_type]
+    if mtp:
+        if model_type != "deepseek_v4":
+            raise ValueError(f"an MTP block is DeepSeek-V4's, not {model_type}'s")
+        config = {**config, **MTP}
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     mx.random.seed(seed)
@@ -137,6 +225,8 @@ def make_model_folder(path, model_type, seed=0):
         from mlx_lm.chat_templates.deepseek_v4 import special_tokens
 
         make_tokenizer(path, vocab, special_tokens, chat_template=None)
+    elif model_type in ("qwen3", "qwen3_5"):
+        make_tokenizer(path, vocab, QWEN_TOKENS, chat_template=QWEN_TEMPLATE)
     else:
         make_tokenizer(path, vocab)
     return path
@@ -169,10 +259,22 @@ def cache_arrays(obj, seen=None):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model-type", default="deepseek_v4", choices=CONFIGS)
+    parser.add_argument(
+        "--model-type",
+        default="deepseek_v4",
+        choices=CONFIGS,
+        help="the tiny model to build (default deepseek_v4)",
+    )
     parser.add_argument("--model", help="an existing model folder instead")
-    parser.add_argument("--tokens", type=int, default=3000)
-    parser.add_argument("--report", type=int, default=500)
+    parser.add_argument(
+        "--tokens", type=int, default=3000, help="tokens to decode (default 3000)"
+    )
+    parser.add_argument(
+        "--report",
+        type=int,
+        default=500,
+        help="print a line every N tokens (default 500)",
+    )
     parser.add_argument(
         "--blocking-eval",
         action="store_true",

@@ -19,6 +19,7 @@ Commands (``python tools/fork.py <command> --help`` for details):
   series   the PRs with their sizes; check that each applies alone
   test-prs each PR alone on the release with its own tests
   lint     black, isort and ruff on every file the fork adds or changes
+  differential  the fork beside pristine 0.32.2 on tiny models, compared
   test     install from git into a fresh venv and run every check
   upstream-tests  run the pinned release's own test suite against mlx_lm
 """
@@ -35,6 +36,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import assemble  # noqa: E402
+import differential  # noqa: E402
 from assemble import (  # noqa: E402
     UPSTREAM_NAME,
     UPSTREAM_VERSION,
@@ -57,6 +59,23 @@ from assemble import (  # noqa: E402
 ROOT = assemble.ROOT
 DEV_TREE = ROOT / "build" / "dev"
 DEV_VENV = ROOT / ".venv"
+
+# What `demo` passes on to benchmarks/long_decode.py (test_fork checks the
+# list against its parser).
+DEMO_OPTIONS = """\
+Options after `--` go on to benchmarks/long_decode.py:
+  --model-type {deepseek_v4,qwen3_5,llama,qwen3}
+                        the tiny model to build (default deepseek_v4)
+  --model DIR           an existing model folder instead
+  --tokens N            tokens to decode (default 3000)
+  --report N            print a line every N tokens (default 500)
+  --blocking-eval       also mx.eval every cache array after each forward (a
+                        host sync per step), to compare tokens/s
+
+  python3 tools/fork.py demo -- --model-type qwen3_5 --tokens 500
+"""
+# The model types of benchmarks/long_decode.py's CONFIGS.
+TINY_MODEL_TYPES = ("deepseek_v4", "qwen3_5", "llama", "qwen3")
 
 # The pinned release's own suite on Linux, mlx[cpu], offline (see
 # tools/upstream-not-passing.txt).
@@ -732,6 +751,9 @@ def test(ref=None):
     results["series complete"] = not problems
     failed = test_prs(python)
     results["each PR alone"] = not failed
+    # The fork beside the pristine release on tiny models.
+    names = [p.name for p in series()]
+    results["differential"] = differential.run(python, UPSTREAM_VERSION, names)
     # In the test venv, which has the test extra for upstream's tests.
     cmd = [python, Path(__file__).resolve(), "upstream-tests"]
     results["upstream suite"] = subprocess.run(list(map(str, cmd))).returncode == 0
@@ -748,13 +770,13 @@ def test(ref=None):
     return all(results.values())
 
 
-def main(argv=None):
+def make_parser():
     parser = argparse.ArgumentParser(
         prog="tools/fork.py", description=__doc__.split("\n\n")[0]
     )
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("stage", help="write the assembled mlx_lm into DEST")
-    p.add_argument("dest")
+    p.add_argument("dest", help="the folder to write (DEST/mlx_lm)")
     p.add_argument("--link", action="store_true", help="link the fork's files")
     p = sub.add_parser("dev", help="set up or refresh build/dev and .venv")
     p.add_argument("--force", action="store_true", help="drop unsynced edits")
@@ -763,7 +785,7 @@ def main(argv=None):
         "--pr", help="the PR that takes the edits (where several edit a file)"
     )
     p = sub.add_parser("export", help="apply the fork onto an upstream tree")
-    p.add_argument("tree")
+    p.add_argument("tree", help="an mlx-lm source tree (with mlx_lm/), edited")
     p.add_argument("--pr", help="only this PR and the PRs it depends on")
     p = sub.add_parser("series", help="the PRs, their sizes; check that each applies")
     p.add_argument(
@@ -772,18 +794,74 @@ def main(argv=None):
     p = sub.add_parser("test-prs", help="each PR alone on 0.32.2 with its tests")
     p.add_argument("names", nargs="*", help="PRs (default all)")
     sub.add_parser("lint", help="black, isort, ruff on what the fork touches")
-    sub.add_parser("demo", help="set up, then a long decode on a tiny model")
-    p = sub.add_parser("tiny-model", help="write a tiny random model folder")
-    p.add_argument("dir")
+    sub.add_parser(
+        "demo",
+        help="set up, then a long decode on a tiny model",
+        description="Set up .venv, then run benchmarks/long_decode.py: a long "
+        "decode on a tiny random model through stream_generate, printing "
+        "tokens/s, active memory and the largest cache graph.",
+        epilog=DEMO_OPTIONS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p = sub.add_parser(
+        "tiny-model",
+        help="write a tiny random model folder",
+        description="Write a tiny model folder (config, random weights, a "
+        "small tokenizer trained here) that mlx_lm's commands load; the text "
+        "it generates is noise.",
+    )
+    p.add_argument("dir", help="the folder to write")
     p.add_argument(
-        "--model-type", choices=("deepseek_v4", "qwen3_5"), default="deepseek_v4"
+        "--model-type",
+        choices=TINY_MODEL_TYPES,
+        default="deepseek_v4",
+        help="the architecture (default deepseek_v4)",
+    )
+    p.add_argument(
+        "--mtp",
+        action="store_true",
+        help="DeepSeek-V4's multi-token-prediction block too (mtp.*, "
+        "num_nextn_predict_layers 1), for `mlx_lm.generate --mtp`",
+    )
+    p = sub.add_parser(
+        "differential",
+        help="the fork beside pristine 0.32.2 on tiny models",
+        description=differential.__doc__.split("\n\n")[0],
+    )
+    p.add_argument(
+        "--print",
+        action="store_true",
+        dest="print_list",
+        help="print the differences found as entries of "
+        f"{differential.EXPECTED.relative_to(ROOT)} (the entries that match "
+        "kept as they are; new ones to be filled in)",
+    )
+    p.add_argument(
+        "--write",
+        action="store_true",
+        help=f"write that list into {differential.EXPECTED.relative_to(ROOT)}",
+    )
+    p.add_argument(
+        "--keep",
+        metavar="DIR",
+        help="write both sides' normalised outputs (fork.json, pristine.json) "
+        "and the model folders into DIR",
     )
 
     p = sub.add_parser("test", help="install from git and run every check")
     p.add_argument("--ref", help="git ref to install (default main)")
-    sub.add_parser("upstream-tests", help="run the release's own test suite")
+    sub.add_parser(
+        "upstream-tests",
+        help="run the release's own test suite",
+        epilog="Other arguments go on to pytest (after --).",
+    )
 
     sub.add_parser("upstream-path", help="print the pinned release's tree")
+    return parser
+
+
+def main(argv=None):
+    parser = make_parser()
     # demo and upstream-tests pass any other arguments on (to the benchmark
     # script and to pytest).
     args, extra = parser.parse_known_args(argv)
@@ -826,15 +904,31 @@ def main(argv=None):
             script = ROOT / "benchmarks" / "long_decode.py"
             return subprocess.run([python, script, *extra]).returncode
         elif args.command == "tiny-model":
+            if args.mtp and args.model_type != "deepseek_v4":
+                parser.error("--mtp: the MTP block is DeepSeek-V4's")
             python = setup_dev()
             # The demo's folder builder.
             code = (
                 "import sys; sys.path.insert(0, sys.argv[1]); "
                 "from long_decode import make_model_folder; "
-                "print(make_model_folder(sys.argv[2], sys.argv[3]))"
+                "print(make_model_folder(sys.argv[2], sys.argv[3], "
+                "mtp=sys.argv[4] == 'mtp'))"
             )
+            mtp = "mtp" if args.mtp else "-"
             cmd = [python, "-c", code, ROOT / "benchmarks", args.dir, args.model_type]
-            return subprocess.run(list(map(str, cmd))).returncode
+            return subprocess.run(list(map(str, cmd + [mtp]))).returncode
+        elif args.command == "differential":
+            python = setup_dev()
+            names = [p.name for p in series()]
+            ok = differential.run(
+                python,
+                UPSTREAM_VERSION,
+                names,
+                keep=args.keep,
+                print_list=args.print_list,
+                write_list=args.write,
+            )
+            return 0 if ok else 1
         elif args.command == "test":
             return 0 if test(args.ref) else 1
         elif args.command == "upstream-tests":

@@ -1,7 +1,10 @@
 # Copyright © 2026 Apple Inc.
 
 import contextlib
+import io
+import re
 import shutil
+import subprocess
 import sys
 import tempfile
 import unittest
@@ -313,6 +316,64 @@ class TestForkAssembly(unittest.TestCase):
         model, tokenizer = load(str(folder))
         self.assertEqual(model.model_type, "deepseek_v4")
         self.assertTrue(tokenizer.encode("The quick brown fox"))
+
+    def test_tiny_model_mtp_adds_the_block_that_generate_drafts_with(self):
+        from mlx_lm.generate import generate
+
+        from mlx_lm import load
+
+        folder = self.tmp / "tiny-mtp"
+        with mock.patch.object(fork, "setup_dev", return_value=sys.executable):
+            self.assertEqual(fork.main(["tiny-model", str(folder), "--mtp"]), 0)
+        model, tokenizer = load(str(folder))
+        self.assertEqual(len(model.mtp), 1)
+        plain = generate(model, tokenizer, "The quick brown fox", max_tokens=8)
+        drafted = generate(
+            model,
+            tokenizer,
+            "The quick brown fox",
+            max_tokens=8,
+            mtp=True,
+            num_draft_tokens=2,
+        )
+        self.assertEqual(drafted, plain)
+        with self.assertRaises(SystemExit):
+            with contextlib.redirect_stderr(io.StringIO()):
+                fork.main(["tiny-model", str(folder), "--model-type", "qwen3", "--mtp"])
+
+    def test_tiny_model_types_are_the_demos(self):
+        sys.path.insert(0, str(fork.ROOT / "benchmarks"))
+        try:
+            from long_decode import CONFIGS
+        finally:
+            sys.path.remove(str(fork.ROOT / "benchmarks"))
+        self.assertEqual(set(fork.TINY_MODEL_TYPES), set(CONFIGS))
+        self.assertIn("{" + ",".join(fork.TINY_MODEL_TYPES) + "}", fork.DEMO_OPTIONS)
+
+    def test_demo_help_lists_the_options_it_passes_on(self):
+        script = fork.ROOT / "benchmarks" / "long_decode.py"
+        r = subprocess.run(
+            [sys.executable, script, "--help"],
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        options = set(re.findall(r"(--[a-z][a-z-]*)", r.stdout)) - {"--help"}
+        self.assertTrue(options)
+        self.assertEqual(
+            set(re.findall(r"^  (--[a-z-]+)", fork.DEMO_OPTIONS, re.M)), options
+        )
+
+    def test_every_command_and_positional_argument_has_help(self):
+        parser = fork.make_parser()
+        sub = next(a for a in parser._actions if a.dest == "command")
+        helps = {a.dest: a.help for a in sub._choices_actions}
+        for name, command in sub.choices.items():
+            with self.subTest(command=name):
+                self.assertTrue(helps.get(name), name)
+                for action in command._actions:
+                    if action.dest != "help":
+                        self.assertTrue(action.help, f"{name} {action.dest}")
 
     def test_dev_refuses_to_drop_unsynced_edits(self):
         with self.sandbox():
