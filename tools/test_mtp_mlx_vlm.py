@@ -5,7 +5,8 @@
 DeepSeek's released names and from MLX's converted ones.
 
 The drafter is imported from the unpacked wheel (``MLX_VLM_SRC``, else
-``build/mlx-vlm``); without it the check skips. To get it:
+``build/mlx-vlm``); without it the check skips. ``tools/fork.py test``
+unpacks it there (``fetch_mlx_vlm``, sha256-pinned); by hand:
 
     pip download --no-deps mlx-vlm==0.7.10 -d build
     python -m zipfile -e build/mlx_vlm-0.7.10-py3-none-any.whl build/mlx-vlm
