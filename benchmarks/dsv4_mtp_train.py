@@ -203,7 +203,7 @@ def main():
         plain = []
         for k in (0, 1, 2, 3):
             n = kept = proposed = forwards = seconds = 0
-            distinct = []
+            distinct, commonest = [], []
             for p, prompt in enumerate(prompts):
                 # Each sampled run draws from its prompt's own seed.
                 mx.random.seed(args.seed + 1 + p)
@@ -216,6 +216,9 @@ def main():
                 kept, proposed = kept + counts[0], proposed + counts[1]
                 forwards += counts[2]
                 distinct.append(len(set(out)))
+                commonest.append(max(map(out.count, set(out))) / len(out))
+                if p == 0 and temp and k in (0, 3):
+                    print(f"  {'plain' if k == 0 else f'MTP k={k}'}: {bytes(out)!r}")
             line = f"  {'plain' if k == 0 else f'MTP k={k}':9}"
             line += f"{(n - args.prompts) / seconds:7.1f} tok/s"
             if k:
@@ -223,7 +226,8 @@ def main():
                     f", drafts kept {kept / proposed:.3f}, "
                     f"{n / forwards:.2f} tokens a target forward"
                 )
-            print(f"{line}, distinct bytes {distinct}")
+            share = ", ".join(f"{c:.2f}" for c in commonest)
+            print(f"{line}, distinct bytes {distinct}, commonest byte [{share}]")
 
 
 if __name__ == "__main__":
