@@ -112,7 +112,8 @@ def agreement(model, held_out, rows, length, depth):
             hits[j] = hits[j] + same.sum()
             counts[j] += rows
         # The block keeps only what it read from the target's streams.
-        trim_prompt_cache(cache, calls - 1)
+        if trim_prompt_cache(cache, calls - 1) != calls - 1:
+            raise RuntimeError("the block's cache did not trim its own streams")
         mx.eval(hits, cache[0].cache_arrays())
     # A drafter that always says the target's commonest byte there.
     common = [
