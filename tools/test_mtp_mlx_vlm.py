@@ -177,15 +177,16 @@ def fork_block(model, weights):
     return fresh
 
 
+_HC = ("attn_hc", "ffn_hc")
+
+
 def mlx_vlm_names(weights):
     """The fork's names of the block mapped by hand onto mlx-vlm's module
-    (``decoder.*`` holds the layer)."""
+    (``decoder.*`` holds the layer; inside it the names are the same)."""
     out = {}
     for name, value in weights.items():
         name = name.removeprefix("mtp.0.")
-        if name.split(".")[0] in ("attn", "ffn", "attn_norm", "ffn_norm"):
-            name = f"decoder.{name}"
-        elif name.split(".")[0] in ("attn_hc", "ffn_hc"):
+        if name.split(".")[0] in ("attn", "ffn", "attn_norm", "ffn_norm", *_HC):
             name = f"decoder.{name}"
         out[name] = value
     return out
