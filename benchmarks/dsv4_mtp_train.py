@@ -94,8 +94,8 @@ def agreement(model, held_out, rows, length, depth):
     (the target's streams at t with byte t + 1, then its own streams with
     the text's next bytes), each call's argmax against the target's argmax
     for the byte it drafts. Returns the target's accuracy on the text and
-    the agreement at each depth, that of the best constant drafter, and the
-    positions counted."""
+    the agreement at each depth, those of the best constant drafter and of
+    one that repeats the byte it reads, and the positions counted."""
     starts = [r * (held_out.size - length) // max(rows - 1, 1) for r in range(rows)]
     x = mx.stack([held_out[s : s + length] for s in starts])
     logits, hidden = model(x[:, :-1], return_hidden=True)
@@ -120,7 +120,13 @@ def agreement(model, held_out, rows, length, depth):
         (target[:, 1 + j :, None] == mx.arange(256)).sum((0, 1)).max().item() / c
         for j, c in enumerate(counts)
     ]
-    return accuracy, [n.item() / c for n, c in zip(hits, counts)], common, counts
+    # A drafter that says the byte it reads again (indentation repeats).
+    repeat = [
+        (target[:, 1 + j :] == x[:, 1 + j : -1]).sum().item() / c
+        for j, c in enumerate(counts)
+    ]
+    hits = [n.item() / c for n, c in zip(hits, counts)]
+    return accuracy, hits, (common, repeat), counts
 
 
 def decode(model, prompt, tokens, k, sampler=None):
@@ -179,7 +185,9 @@ def main():
 
     trained = model.mtp[0].parameters()
     rows, length, depth = args.eval_rows, args.eval_length, 3
-    accuracy, agree, common, counts = agreement(model, held_out, rows, length, depth)
+    accuracy, agree, (common, repeat), counts = agreement(
+        model, held_out, rows, length, depth
+    )
     model.mtp[0].update(untrained)
     floor = agreement(model, held_out, rows, length, depth)[1]
     model.mtp[0].update(trained)
@@ -191,6 +199,7 @@ def main():
     print(f"  trained     {' '.join(f'{a:.3f}' for a in agree)}")
     print(f"  untrained   {' '.join(f'{a:.3f}' for a in floor)}")
     print(f"  constant    {' '.join(f'{a:.3f}' for a in common)}")
+    print(f"  repeat      {' '.join(f'{a:.3f}' for a in repeat)}")
     print(f"  positions   {' '.join(f'{c:,}' for c in counts)}")
 
     prompts = []
