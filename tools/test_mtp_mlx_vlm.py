@@ -23,6 +23,7 @@ import re
 import sys
 import types
 import unittest
+from functools import partial
 from pathlib import Path
 from unittest import mock
 
@@ -227,6 +228,47 @@ def compare(layout):
     return logit_diff, stream_diff
 
 
+def kept_round(reread):
+    """The largest difference between the logits mlx-vlm's drafter gives
+    after a round whose 3 drafts are all kept and the fork's block over the
+    whole sequence at once (every position from the target's streams, as
+    DeepSeek trains it). mlx-vlm keeps the cache entries its block wrote
+    from its own streams for kept drafts; with ``reread`` they are trimmed
+    first and read again from the target's, as the fork's loop does."""
+    ref = random_model()
+    weights = mlx_layout(ref)
+    fork = fork_block(ref, weights)
+    drafter = mlx_vlm_drafter(fork, weights, own_sanitize=False)
+    seen, seed = {}, drafter._set_seed_from_hidden
+
+    def capture(hidden, sampler, greedy):
+        seen["logits"] = drafter._lm_head_fn(hidden)
+        return seed(hidden, sampler, greedy)
+
+    drafter._set_seed_from_hidden = capture
+    prompt, k, bonus = 12, 3, 7
+    tokens = mx.random.randint(0, CONFIG["vocab_size"], (1, prompt + 1))
+    _, hidden = fork(tokens[:, :-1], return_hidden=True)
+    last = tokens[0, prompt].item()
+    greedy = partial(mx.argmax, axis=-1)
+    drafter.prefill_from_target_hidden(
+        tokens[:, :-1], hidden, last, greedy, greedy=True
+    )
+    drafts = drafter.draft_block(last, None, None, k + 1, greedy, greedy=True)
+    drafts = drafts.reshape(1, -1).astype(tokens.dtype)
+    tokens = mx.concatenate([tokens, drafts, mx.array([[bonus]])], axis=1)
+    _, hidden = fork(tokens[:, :-1], return_hidden=True)
+    if reread:
+        for c in drafter._cache:
+            c.trim(drafter._round_appended)
+        drafter._next_position -= drafter._round_appended
+        drafter._round_appended = 0
+    verify = hidden[:, prompt : prompt + k + 1]
+    drafter.accept_verified_tokens(verify, drafts, k, [bonus], greedy, greedy=True)
+    logits, _ = fork.mtp_draft(hidden, tokens[:, 1:], fork.make_mtp_cache())
+    return (seen["logits"][0, -1] - logits[0, -1]).abs().max().item()
+
+
 @unittest.skipIf(DRAFTER is None, f"mlx-vlm 0.7.10 not unpacked in {MLX_VLM}")
 class TestMTPBlockAgainstMLXVLM(unittest.TestCase):
     def test_release_names(self):
@@ -239,6 +281,13 @@ class TestMTPBlockAgainstMLXVLM(unittest.TestCase):
         logits, streams = compare("mlx")
         self.assertLess(logits, TOLERANCE)
         self.assertLess(streams, TOLERANCE)
+
+    def test_kept_drafts_read_again_from_the_target_streams(self):
+        # Where they differ on purpose: mlx-vlm's block keeps what it read
+        # from its own streams at kept drafts; the fork's reads the target's
+        # there, and so is the block DeepSeek trains.
+        self.assertLess(kept_round(reread=True), TOLERANCE)
+        self.assertGreater(kept_round(reread=False), 0.1)
 
 
 def _block_call(embed, hidden):
