@@ -31,6 +31,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import zipfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -85,6 +86,10 @@ PRISTINE_SUITE = "242 passed, 16 skipped, 27 failed, 85 errors"
 LINT_REQUIREMENTS = ["black==25.1.0", "isort==6.0.1", "ruff==0.17.6"]
 # What the server tests drive mlx_lm.server with and measure it by.
 TEST_CLIENTS = ["openai", "psutil"]
+# mlx-vlm's wheel, unpacked (not installed: it would replace mlx_lm), for
+# tools/test_mtp_mlx_vlm.py.
+MLX_VLM = "mlx-vlm==0.7.10"
+MLX_VLM_SHA256 = "f112ddaaf1bf0dd1efa702b5675a27df3345614e69e3996d3fbd09d838b8333d"
 
 
 def _files(top):
@@ -705,6 +710,24 @@ def test_prs(python=sys.executable, names=None):
     return failed
 
 
+def fetch_mlx_vlm(python=sys.executable):
+    """Unpack mlx-vlm's pinned wheel into build/mlx-vlm (once)."""
+    target = ROOT / "build" / "mlx-vlm"
+    if (target / "mlx_vlm").is_dir():
+        return target
+    with tempfile.TemporaryDirectory() as tmp:
+        _run(
+            python, "-m", "pip", "download", "--quiet", "--no-deps", MLX_VLM, "-d", tmp
+        )
+        (wheel,) = Path(tmp).glob("*.whl")
+        digest = assemble._sha256(wheel)
+        if digest != MLX_VLM_SHA256:
+            raise ForkError(f"{wheel.name}: sha256 {digest}, pinned {MLX_VLM_SHA256}")
+        shutil.rmtree(target, ignore_errors=True)
+        zipfile.ZipFile(wheel).extractall(target)
+    return target
+
+
 def test(ref=None):
     """The fork's test command: install the fork from git into a fresh venv,
     then run the fork's tests, the release's own suite and the linters."""
@@ -728,6 +751,7 @@ def test(ref=None):
     extras = "test" if sys.platform == "darwin" else "cpu,test"
     _run(*pip, f"{UPSTREAM_NAME}[{extras}] @ git+file://{ROOT}@{ref}")
     _run(*pip, "pytest", *TEST_CLIENTS, *LINT_REQUIREMENTS)
+    fetch_mlx_vlm(python)
 
     results = {}
     version = subprocess.run(
