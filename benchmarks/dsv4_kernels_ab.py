@@ -31,14 +31,15 @@ import mlx.core as mx
 sys.path.insert(0, ".")
 import dsv4_speed as S
 
+from mlx_lm.models import deepseek_v4 as V4
 from mlx_lm.models import deepseek_v41 as V41
 
-KERNELS = {"hc": V41._collapse_kernel, "none": None}
+KERNELS = {"hc": True, "none": False}
 
 
 def use(variant):
     """ "hc": the kernels (collapse and expand), "none": the ops."""
-    V41._collapse_kernel = KERNELS[variant]
+    V4._HC_KERNELS = KERNELS[variant]
 
 
 def numerics():
@@ -194,7 +195,7 @@ numerics()
 x = mx.random.normal((2, 5, 1, 300))
 h = mx.broadcast_to(x, (2, 5, 4, 300))
 args = V41.ModelArgs(hidden_size=300, hc_mult=4)
-hc = V41.HyperConnection(args)
+hc = V4.HyperConnection(args)
 hc.fn = 0.5 * mx.random.normal(hc.fn.shape)
 hc.base = mx.random.normal(hc.base.shape)
 got = hc.collapse(h)

@@ -1,7 +1,7 @@
 # Copyright © 2026 Apple Inc.
 
-"""Check that DeepSeek-V4.1's Metal kernel sources parse, on a machine with no
-Metal compiler.
+"""Check that DeepSeek-V4.1's Sinkhorn kernel and mlx_lm.kernels' hyper-connection
+kernels parse as Metal, on a machine with no Metal compiler.
 
 Usage: PYTHONPATH=build/dev python tools/metal_syntax.py
 
@@ -11,7 +11,8 @@ template arguments as template parameters, the thread's grid position), Metal's
 address spaces and attributes stubbed out, and the result compiled with
 ``g++ -fsyntax-only`` for float32 and bfloat16 inputs. This finds syntax and
 type errors in what the kernels share with their CUDA form, not Metal's own
-rules: a macOS run of tests/test_deepseek_v41.py is the real check.
+rules: a macOS run of tests/test_deepseek_v41.py and tests/test_kernels.py is
+the real check.
 """
 
 import subprocess
@@ -50,7 +51,7 @@ KERNELS = {
         "template": "int HC, int ITERS",
         "args": "4, 20",
     },
-    "deepseek_v41_hc_collapse": {
+    "hc_collapse": {
         "inputs": [
             ("streams", "T"),
             ("mix", "float"),
@@ -62,7 +63,7 @@ KERNELS = {
         "template": "int HC, int D, typename T, int ITERS",
         "args": "4, 4096, {T}, 20",
     },
-    "deepseek_v41_hc_expand": {
+    "hc_expand": {
         "inputs": [
             ("x", "T"),
             ("residual", "T"),
@@ -77,7 +78,16 @@ KERNELS = {
 
 
 def sources():
-    """The sources deepseek_v41 gives metal_kernel, by kernel name."""
+    """The sources deepseek_v41 and the hyper-connection kernels give
+    metal_kernel, by kernel name."""
+    import importlib
+
+    import mlx_lm.models.deepseek_v41  # noqa: F401
+
+    # The package's names are its kernels' functions: the modules by name.
+    names = ["_common", "hc_collapse", "hc_expand"]
+    modules = [sys.modules[f"mlx_lm.kernels.{n}"] for n in names]
+    modules.append(sys.modules["mlx_lm.models.deepseek_v41"])
     found = {}
 
     def record(name, input_names, output_names, source, **kwargs):
@@ -87,11 +97,8 @@ def sources():
     with mock.patch.object(mx.metal, "is_available", return_value=True), mock.patch(
         "mlx.core.fast.metal_kernel", side_effect=record
     ):
-        import importlib
-
-        import mlx_lm.models.deepseek_v41 as v41
-
-        importlib.reload(v41)
+        for module in modules:
+            importlib.reload(module)
     return found
 
 

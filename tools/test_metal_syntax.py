@@ -57,8 +57,8 @@ class TestMetalSyntax(unittest.TestCase):
             text=True,
         )
         self.assertEqual(run.returncode, 0, run.stdout + run.stderr)
-        for kernel in ("sinkhorn", "hc_collapse", "hc_expand"):
-            self.assertIn(f"deepseek_v41_{kernel} (float): ok", run.stdout)
+        for kernel in ("deepseek_v41_sinkhorn", "hc_collapse", "hc_expand"):
+            self.assertIn(f"{kernel} (float): ok", run.stdout)
 
 
 class TestMetalSinkhorn(unittest.TestCase):

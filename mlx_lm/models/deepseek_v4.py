@@ -1,15 +1,19 @@
 # Copyright © 2026 Apple Inc.
 
 import copy
+import math
+import os
 import re
 from dataclasses import dataclass
-from functools import partial
+from functools import lru_cache, partial
 from typing import Any, Callable, Dict, List, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.nn.layers.distributed import shard_inplace, shard_linear, sum_gradients
 
+from ..kernels import hc_collapse, hc_expand
+from . import deepseek_v41
 from .base import BaseModelArgs
 from .cache import (
     CompressorCache,
@@ -19,14 +23,15 @@ from .cache import (
 )
 from .deepseek_v41 import (
     DeepseekV41SwiGLU,
-    HyperConnection,
-    Router,
     SharedMLP,
     _collapse,
-    _repack,
-    make_rope,
+    _expand,
+    _mix_logits,
+    _mixes,
+    _scale_ids,
 )
 from .pipeline import PipelineMixin
+from .rope_utils import YarnRoPE
 from .switch_layers import SwitchGLU, SwitchLinear
 
 SLIDING = "sliding_attention"
@@ -167,6 +172,31 @@ class ModelArgs(BaseModelArgs):
         scaling = params or self.rope_scaling or {}
         yarn = scaling.get("rope_type", scaling.get("type")) == "yarn"
         self.rope_scaling = scaling if yarn else None
+
+
+def make_rope(args: ModelArgs, compressed: bool) -> YarnRoPE:
+    """The RoPE of a layer: YaRN on the compress theta for compressed layers,
+    the base theta alone for window-only ones."""
+    if not compressed:
+        return YarnRoPE(
+            dims=args.qk_rope_head_dim, traditional=True, base=args.rope_theta
+        )
+    scaling = args.rope_scaling or {}
+    original = scaling.get(
+        "original_max_position_embeddings", args.max_position_embeddings
+    )
+    return YarnRoPE(
+        dims=args.qk_rope_head_dim,
+        traditional=True,
+        base=args.compress_rope_theta,
+        scaling_factor=float(scaling.get("factor", 1.0)),
+        original_max_position_embeddings=int(original),
+        beta_fast=int(scaling.get("beta_fast", 32)),
+        beta_slow=int(scaling.get("beta_slow", 1)),
+        # DeepSeek-V4 uses attention_factor=1 for its YaRN RoPE.
+        mscale=0.0,
+        mscale_all_dim=0.0,
+    )
 
 
 def _rope_freqs(args: ModelArgs, compressed: bool, dims: int) -> mx.array:
@@ -504,6 +534,63 @@ def _sink_softmax(scores, mask, sinks, scale):
     return (weights / total).astype(scores.dtype)
 
 
+class Router(nn.Module):
+    def __init__(self, args: ModelArgs, hashed: bool = False):
+        super().__init__()
+        self.weight = mx.zeros(
+            (args.n_routed_experts, args.hidden_size), dtype=mx.float32
+        )
+        self.top_k = args.num_experts_per_tok
+        if hashed:
+            # Hash layers pick their experts by token id.
+            self.tid2eid = mx.zeros((args.vocab_size, self.top_k), dtype=mx.int32)
+            self.freeze(recurse=False, keys="tid2eid")
+        else:
+            self.e_score_correction_bias = mx.zeros(
+                (args.n_routed_experts,), dtype=mx.float32
+            )
+        self.gate_temp = args.gate_temp
+        self.norm_topk_prob = args.norm_topk_prob
+        self.route_scale = args.routed_scaling_factor
+
+    def __call__(
+        self, x: mx.array, input_ids: Optional[mx.array] = None
+    ) -> tuple[mx.array, mx.array]:
+        hashed = "tid2eid" in self
+        choice = self.tid2eid[input_ids] if hashed else self.e_score_correction_bias
+        route = _route_step if x.shape[-2] == 1 else _route
+        return route(
+            x,
+            self.weight,
+            choice,
+            hashed,
+            self.top_k,
+            self.gate_temp,
+            self.norm_topk_prob,
+            self.route_scale,
+        )
+
+
+def _route(x, weight, choice, hashed, top_k, temp, norm, scale):
+    logits = x.astype(mx.float32) @ weight.astype(mx.float32).T
+    # ModelArgs takes sqrtsoftplus scores only.
+    scores = mx.sqrt(nn.softplus(logits / temp))
+    if hashed:
+        chosen = choice
+    else:
+        # The bias only selects the experts.
+        biased = scores + choice
+        chosen = mx.argpartition(-biased, top_k - 1, axis=-1)[..., :top_k]
+    chosen = mx.stop_gradient(chosen)
+    weights = mx.take_along_axis(scores, chosen, axis=-1)
+    if norm and top_k > 1:
+        weights = weights / (mx.sum(weights, axis=-1, keepdims=True) + 1e-20)
+    return chosen, weights * scale
+
+
+_route_step = mx.compile(_route)
+
+
 def _freeze_hash_tables(module: nn.Module) -> None:
     # The hash layers' expert tables are integer lookups, never trained.
     for m in module.modules():
@@ -534,6 +621,134 @@ class MoE(nn.Module):
         if self.sharding_group is not None:
             y = mx.distributed.all_sum(y, group=self.sharding_group)
         return y
+
+
+class HyperConnection(deepseek_v41.HyperConnection):
+    """DeepSeek-V4.1's hyper-connection, with its collapse and expand in
+    compiled calls (or kernels, see ``_use_hc_kernels``)."""
+
+    def _args(self):
+        return (self.fn, self.base, self.scale, self._scale_ids, self._eps)
+
+    def collapse(self, streams: mx.array):
+        """The streams mixed into one, and the post and comb mixes."""
+        if _use_hc_kernels(streams):
+            collapse = _collapse_by_kernel(self.iters, self.hc_eps, self.norm_eps)
+            return collapse(streams, self.fn, self.base, self.scale, self._eps)
+        if streams.shape[1] == 1:
+            # A decode step in one compiled call (its shapes repeat).
+            args = self._args(), self.iters, self.hc_eps, self.norm_eps
+            return _mix_and_collapse(streams, *args[0], *args[1:])
+        pre, post, comb = self(streams)
+        weights = [pre[:, :, i] for i in range(self.hc)]
+        parts = [streams[:, :, i] for i in range(self.hc)]
+        return _collapse_by_stream(weights, parts), post, comb
+
+    def expand(self, x: mx.array, streams: mx.array, post: mx.array, comb: mx.array):
+        """The layer's output x written back into the streams."""
+        if _use_hc_kernels(streams):
+            return _expand_by_kernel(x, streams, post, comb)
+        if streams.shape[1] == 1:
+            return _compiled_expand(x, streams, post, comb)
+        rows = [comb[:, :, i] for i in range(self.hc)]
+        parts = [streams[:, :, i : i + 1] for i in range(self.hc)]
+        return _expand_by_stream(x, post, rows, parts)
+
+
+@mx.compile
+def _mix_and_collapse(streams, *args):
+    pre, post, comb = _mixes(streams, *args)
+    return _collapse(streams, pre), post, comb
+
+
+_compiled_expand = mx.compile(_expand, shapeless=True)
+
+
+def _weighted_sum(weights, streams):
+    """The streams, each times its float32 weights, summed one at a time."""
+    out = mx.expand_dims(weights[0], -1) * streams[0]
+    for w, stream in zip(weights[1:], streams[1:]):
+        out = out + mx.expand_dims(w, -1) * stream
+    return out
+
+
+@partial(mx.compile, shapeless=True)
+def _collapse_by_stream(weights, streams):
+    """``_collapse`` one stream at a time: no float32 copy of the streams."""
+    return _weighted_sum(weights, streams).astype(streams[0].dtype)
+
+
+@partial(mx.compile, shapeless=True)
+def _expand_by_stream(x, post, comb_rows, streams):
+    """``_expand`` one input stream at a time: no [B, L, hc, hc, D] product."""
+    mixed = _weighted_sum(comb_rows, streams)
+    out = mx.expand_dims(post, -1) * mx.expand_dims(x, -2) + mixed
+    return out.astype(streams[0].dtype)
+
+
+def _hc_kernels_switch() -> bool:
+    """Whether collapse and expand take the kernels (mlx_lm.kernels'
+    hc_collapse and hc_expand): MLX_LM_HC_KERNELS=1 or 0; unset, on CUDA only
+    (they have not run on Metal)."""
+    value = os.environ.get("MLX_LM_HC_KERNELS", "")
+    if value not in ("", "0", "1"):
+        raise ValueError(f"MLX_LM_HC_KERNELS must be 0 or 1, not {value!r}.")
+    return value == "1" if value else mx.cuda.is_available()
+
+
+_HC_KERNELS = _hc_kernels_switch()
+
+# A kernel grid's second axis holds the tokens; CUDA launches at most this
+# many blocks along it.
+_MAX_KERNEL_TOKENS = 65535
+
+
+def _use_hc_kernels(streams: mx.array) -> bool:
+    return (
+        _HC_KERNELS
+        and (mx.metal.is_available() or mx.cuda.is_available())
+        and mx.default_device() == mx.gpu
+        and math.prod(streams.shape[:-2]) <= _MAX_KERNEL_TOKENS
+    )
+
+
+@lru_cache
+def _collapse_by_kernel(iters: int, hc_eps: float, norm_eps: float) -> Callable:
+    @mx.custom_function
+    def collapse(streams, fn, base, scale, eps):
+        mix = _mix_logits(streams, fn, norm_eps)
+        # The kernel reads these as float32, whatever the parameters' dtype.
+        f32 = [a.astype(mx.float32) for a in (scale, base, eps)]
+        x, post, comb = hc_collapse(streams, mix, *f32, iters=iters)
+        return x, post, comb
+
+    # The kernels have no gradient: training differentiates the ops.
+    @collapse.vjp
+    def collapse_vjp(primals, cotangents, outputs):
+        def ops(streams, fn, base, scale, eps):
+            ids = _scale_ids(streams.shape[-2])
+            args = fn, base, scale, ids, eps, iters, hc_eps, norm_eps
+            pre, post, comb = _mixes(streams, *args)
+            return _collapse(streams, pre), post, comb
+
+        _, grads = mx.vjp(ops, list(primals), list(cotangents))
+        return tuple(grads)
+
+    return collapse
+
+
+@mx.custom_function
+def _expand_by_kernel(x, residual, post, comb):
+    # The kernel reads x in the streams' dtype, the mixes as float32.
+    x = x.astype(residual.dtype)
+    post, comb = post.astype(mx.float32), comb.astype(mx.float32)
+    return hc_expand(x, residual, post, comb)
+
+
+@_expand_by_kernel.vjp
+def _expand_by_kernel_vjp(primals, cotangent, output):
+    _, grads = mx.vjp(_expand, list(primals), [cotangent])
+    return tuple(grads)
 
 
 class DecoderLayer(nn.Module):
@@ -657,6 +872,42 @@ class DeepseekV4Model(PipelineMixin, nn.Module):
         out = mx.depends(out, _cache_arrays(cache))
         # The last layer's streams feed the MTP block.
         return (out, h) if return_hidden else out
+
+
+def _ue8m0(scale: mx.array) -> mx.array:
+    """Power-of-two scales as biased exponents, the scales of MLX's mx modes."""
+    if scale.dtype == mx.uint8:
+        return scale
+    exponent = mx.log2(scale.astype(mx.float32))
+    if not mx.array_equal(exponent, mx.round(exponent)):
+        raise ValueError("its scales are not powers of two")
+    return (exponent + 127).astype(mx.uint8)
+
+
+def _repack(weight: mx.array, scale: mx.array, block=(32, 32)) -> tuple:
+    """Put an fp8 or fp4 weight and its ue8m0 scale in MLX's mxfp8 or mxfp4
+    layout, without dequantizing.
+
+    fp8 (uint8 e4m3) has one scale per ``block`` of rows x columns, repeated
+    here to one per row and 32 columns. fp4 (int8, two e2m1 values per byte,
+    the low nibble first) already has one scale per row and 32 columns.
+    """
+    *lead, rows, cols = weight.shape
+    if weight.dtype == mx.int8:
+        cols, block = 2 * cols, (1, 32)
+    grid = (*lead, -(-rows // block[0]), -(-cols // block[1]))
+    if tuple(scale.shape) != grid:
+        raise ValueError(
+            f"its scale has shape {tuple(scale.shape)}, not {grid} for "
+            f"{block[0]}x{block[1]} blocks of a {tuple(weight.shape)} weight"
+        )
+    if cols % 32 or block[1] % 32:
+        raise ValueError(
+            f"its {cols} columns or {block[1]}-column blocks are not a multiple of 32"
+        )
+    scale = mx.repeat(_ue8m0(scale), block[0], axis=-2)[..., :rows, :]
+    scale = mx.repeat(scale, block[1] // 32, axis=-1)[..., : cols // 32]
+    return weight.view(mx.uint32), scale
 
 
 # Checkpoint names (DeepSeek's release, transformers' save_pretrained, early
