@@ -37,8 +37,13 @@ from test_server_requests import ServerThread
 from mlx_lm import cache_prompt, server
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
+    BatchMTPCache,
+    BatchWindowCompressorCache,
+    MTPCache,
+    WindowCompressorCache,
     load_prompt_cache,
     make_prompt_cache,
+    save_prompt_cache,
     trim_prompt_cache,
 )
 
@@ -663,6 +668,56 @@ class TestMTPCommands(unittest.TestCase):
             self.assertEqual([a["choices"][0]["text"] for _, a in texts], alone)
         self.assertTrue(all(mtp for mtp, _ in sizes))
         self.assertGreaterEqual(max(n for _, n in sizes), 2)
+
+
+class TestMTPCacheFiles(unittest.TestCase):
+
+    def assert_round_trip(self, cache, kinds):
+        """``cache`` through save_prompt_cache and load_prompt_cache: the
+        same classes and arrays."""
+        with tempfile.TemporaryDirectory() as tmp:
+            file = str(Path(tmp) / "cache.safetensors")
+            save_prompt_cache(file, cache)
+            loaded = load_prompt_cache(file)
+        self.assertEqual([type(c) for c in loaded], [type(c) for c in cache])
+        self.assertEqual({type(c) for c in cache}, kinds)
+        for a, b in zip(cache, loaded):
+            want, got = tree_flatten(a.state), tree_flatten(b.state)
+            self.assertEqual([k for k, _ in got], [k for k, _ in want])
+            for (k, u), (_, v) in zip(got, want):
+                same = mx.array_equal(u, v) if isinstance(v, mx.array) else u == v
+                self.assertTrue(same, (type(a).__name__, k))
+        return loaded
+
+    def test_every_cache_class_round_trips(self):
+        model = make_tiny_model(MTP_CONFIG)
+        cache = make_prompt_cache(model) + make_mtp_prompt_cache(model)
+        steps = speculative_generate_step(
+            PROMPT, model, mtp=True, max_tokens=6, prompt_cache=cache
+        )
+        for _ in steps:
+            pass
+        loaded = self.assert_round_trip(cache, {WindowCompressorCache, MTPCache})
+        # The loaded cache decodes as the saved one.
+        tokens = []
+        for c in (cache, loaded):
+            steps = speculative_generate_step(
+                PROMPT[:4], model, mtp=True, max_tokens=8, prompt_cache=c
+            )
+            tokens.append([t for t, *_ in steps])
+        self.assertEqual(tokens[0], tokens[1])
+
+        # A batch's caches, mid-decode.
+        generator = BatchGenerator(model, mtp=True, stop_tokens=set())
+        generator.insert([PROMPT.tolist(), PROMPT[:9].tolist()], max_tokens=[20, 20])
+        for _ in range(3):
+            generator.next_generated()
+        batch = generator._generation_batch.prompt_cache
+        kinds = {BatchWindowCompressorCache, BatchMTPCache}
+        loaded = self.assert_round_trip(batch, kinds)
+        self.assertEqual(loaded[-1].ends, batch[-1].ends)
+        self.assertEqual(loaded[-1].row_max_trim, batch[-1].row_max_trim)
+        generator.close()
 
 
 class BatchOracle:
