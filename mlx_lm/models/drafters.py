@@ -1,0 +1,258 @@
+# Copyright © 2026 Apple Inc.
+
+"""Drafters for speculative decoding: each proposes tokens that the target
+model verifies in one forward (``speculative_generate_step``)."""
+
+from typing import Any, Callable, List, Optional, Tuple
+
+import mlx.core as mx
+import mlx.nn as nn
+
+from .cache import MTPCache, make_prompt_cache, trim_prompt_cache
+
+# The loop's sampling of a drafter's position: logits [1, V] and the tokens
+# from the target's next input on (the processors' history after the
+# target's) -> the token [1] and the log-probabilities it was drawn from.
+DraftSample = Callable[[mx.array, mx.array], Tuple[mx.array, mx.array]]
+
+
+def trim_exactly(cache: List[Any], n: int):
+    """Trim ``n`` tokens from ``cache`` or raise a ValueError."""
+    if (trimmed := trim_prompt_cache(cache, n)) < n:
+        raise ValueError(
+            f"Speculative decoding needs to trim {n} tokens but the "
+            f"prompt cache trimmed {trimmed}: use fewer draft tokens."
+        )
+
+
+class Drafter:
+    """Proposes draft tokens for speculative decoding. The loop calls:
+
+    - ``prefill(tokens, hidden)`` after the target processed ``tokens`` [L]
+      (a chunk of the prompt), ``hidden`` its hidden states there as
+      ``return_hidden`` asks for them (None where it asks for none);
+    - ``draft(y, num_draft, sample)`` with ``y`` [1] the target's next
+      input: up to ``num_draft`` drafts [n] and, where they were drawn from
+      them, their log-probabilities [n, V] (None: the target's own samples
+      decide which drafts stay);
+    - ``accept(num_accept, hidden)`` once the target kept ``y`` and the
+      first ``num_accept`` drafts (``hidden``: its states over ``y`` and
+      every draft);
+    - ``finish()`` at the end, so that ``cache`` is in step with the
+      target's for a later call with the same prompt cache.
+
+    ``cache`` is the drafter's part of the prompt cache, after the target's.
+    """
+
+    # What the target's forward returns besides the logits for the drafter
+    # (its ``return_hidden``); None for nothing.
+    return_hidden = None
+    cache: List[Any] = []
+
+    def prefill(self, tokens: mx.array, hidden: Optional[mx.array]):
+        raise NotImplementedError
+
+    def draft(
+        self, y: mx.array, num_draft: int, sample: DraftSample
+    ) -> Tuple[mx.array, Optional[mx.array]]:
+        raise NotImplementedError
+
+    def accept(self, num_accept: int, hidden: Optional[mx.array]):
+        raise NotImplementedError
+
+    def finish(self):
+        pass
+
+
+class DraftModelDrafter(Drafter):
+    """Drafts with a smaller model of the same tokenizer, token by token.
+    It gives no log-probabilities: the target's samples decide, as in
+    mlx-lm 0.32.2."""
+
+    def __init__(
+        self,
+        model: nn.Module,
+        cache: Optional[List[Any]] = None,
+        quantize: Optional[Callable[[List[Any]], None]] = None,
+    ):
+        self.model = model
+        self.cache = make_prompt_cache(model) if cache is None else cache
+        self.quantize = quantize or (lambda cache: None)
+        # The tokens the target has and the draft model has not processed.
+        self._pending = mx.array([], mx.uint32)
+        self._num_draft = 0
+
+    def _forward(self, tokens):
+        logits = self.model(tokens[None], cache=self.cache)
+        self.quantize(self.cache)
+        return logits[:, -1, :]
+
+    def prefill(self, tokens, hidden=None):
+        self._forward(mx.concatenate([self._pending, tokens]))
+        self._pending = mx.array([], mx.uint32)
+
+    def draft(self, y, num_draft, sample):
+        self._num_draft = max(num_draft, 0)
+        if num_draft <= 0:
+            return mx.array([], mx.uint32), None
+        inputs, context, ys = mx.concatenate([self._pending, y]), y, []
+        for _ in range(num_draft):
+            inputs, _ = sample(self._forward(inputs), context)
+            context = mx.concatenate([context, inputs])
+            mx.async_eval(inputs)
+            ys.append(inputs)
+        self._drafts = mx.concatenate(ys)
+        return self._drafts, None
+
+    def accept(self, num_accept, hidden=None):
+        # The model has processed y and every draft but the last.
+        trim_exactly(self.cache, max(self._num_draft - num_accept - 1, 0))
+        self._pending = mx.array([], mx.uint32)
+        if num_accept == self._num_draft > 0:
+            self._pending = self._drafts[-1:]
+        self._num_draft = 0
+
+    def finish(self):
+        if self._pending.size > 0:
+            self.prefill(mx.array([], mx.uint32))
+        mx.eval([c.state for c in self.cache])
+
+
+def check_mtp(model: nn.Module, draft_model: Optional[nn.Module] = None):
+    """Raise a ValueError where the model cannot draft with its own MTP
+    block."""
+    if draft_model is not None:
+        raise ValueError("Drafting with MTP and a draft model are exclusive.")
+    if not (hasattr(model, "mtp_draft") and getattr(model, "mtp", None)):
+        raise ValueError(
+            f"The model ({type(model).__module__}) has no MTP block to draft "
+            "with: its checkpoint has none, or it was loaded without it "
+            '(load(..., model_config={"mtp": True}) loads it).'
+        )
+
+
+def make_mtp_prompt_cache(model: nn.Module) -> List[Any]:
+    """The prompt cache entries of the model's MTP block, to follow the
+    model's own in a prompt cache for ``mtp=True``."""
+    return [MTPCache(c) for c in model.make_mtp_cache()]
+
+
+def check_mtp_cache(model_cache: List[Any], mtp_cache: Any):
+    """Raise a ValueError where ``mtp_cache`` is not an MTP entry in step
+    with the model's caches."""
+    size = model_cache[0].size()
+    if not isinstance(mtp_cache, MTPCache) or (
+        mtp_cache.cache.size() != max(size - 1, 0) or mtp_cache.empty() != (size == 0)
+    ):
+        raise ValueError(
+            "Drafting with MTP needs the prompt cache's MTP entry in step "
+            "with the model's (make_mtp_prompt_cache, filled by mtp=True)."
+        )
+
+
+class MTPDrafter(Drafter):
+    """Drafts with the target's own multi-token prediction block
+    (``model.mtp_draft``). A round's first block call reads the target's
+    streams of the positions it kept last round, each with the token after
+    it; the next calls run on the block's own streams, and those entries
+    are trimmed after, so the block's cache only holds what the target's
+    streams give. ``cache`` is one ``MTPCache``: the block's cache, one
+    position behind the target's, and the target's last streams."""
+
+    return_hidden = True
+
+    def __init__(
+        self,
+        model: nn.Module,
+        cache: Optional[List[Any]] = None,
+        model_cache: Optional[List[Any]] = None,
+    ):
+        check_mtp(model)
+        self.model = model
+        self.cache = make_mtp_prompt_cache(model) if cache is None else cache
+        if model_cache is not None:
+            check_mtp_cache(
+                model_cache, self.cache[0] if len(self.cache) == 1 else None
+            )
+        self.mtp_cache = self.cache[0]
+        self._block = [self.mtp_cache.cache]
+        # The target's streams of the positions the block has not read, and
+        # the tokens after them but the last's (the target's next input).
+        self._hidden = None
+        if not self.mtp_cache.empty():
+            self._hidden = self.mtp_cache.hidden[:, -1:]
+        self._tokens = mx.array([], mx.uint32)
+
+    def _read(self, hidden, tokens):
+        return self.model.mtp_draft(hidden, tokens[None], self._block)
+
+    def prefill(self, tokens, hidden):
+        if self._hidden is not None:
+            h = mx.concatenate([self._hidden, hidden[:, :-1]], axis=1)
+            t = mx.concatenate([self._tokens, tokens])
+        else:
+            h, t = hidden[:, :-1], tokens[1:]
+        if t.size > 0:
+            self._read(h, t)
+        self._hidden, self._tokens = hidden[:, -1:], mx.array([], mx.uint32)
+        self.mtp_cache.push(hidden)
+
+    def draft(self, y, num_draft, sample):
+        self._drafts = mx.array([], mx.uint32)
+        # Nothing to draft from before the target's first step.
+        if self._hidden is None:
+            return self._drafts, None
+        h, t = self._hidden, mx.concatenate([self._tokens, y])
+        self._hidden = None
+        if num_draft <= 0:
+            # The block still reads the positions, as a round's first call.
+            self._read(h, t)
+            return self._drafts, None
+        ys, logprobs, context = [], [], y
+        for _ in range(num_draft):
+            logits, h = self._read(h, t)
+            t, lp = sample(logits[0, -1:], context)
+            h = h[:, -1:]
+            context = mx.concatenate([context, t])
+            mx.async_eval(t)
+            ys.append(t)
+            logprobs.append(lp)
+        # Only the target's streams are kept: the block's own come out.
+        trim_exactly(self._block, num_draft - 1)
+        self._drafts = mx.concatenate(ys)
+        return self._drafts, mx.concatenate(logprobs)
+
+    def accept(self, num_accept, hidden):
+        # The target's streams of the kept positions, each with the token
+        # after it (the last one's is the target's next input).
+        self._hidden = hidden[:, : num_accept + 1]
+        self._tokens = self._drafts[:num_accept]
+        self.mtp_cache.push(self._hidden)
+        mx.eval(self.mtp_cache.hidden)
+
+    def finish(self):
+        # The block reads what the target kept, but the last position.
+        if self._hidden is not None and self._tokens.size > 0:
+            self._read(self._hidden[:, :-1], self._tokens)
+            self._hidden = self._hidden[:, -1:]
+            self._tokens = mx.array([], mx.uint32)
+        mx.eval([c.state for c in self.cache])
+
+
+def make_drafter(
+    model: nn.Module,
+    draft_model: Optional[nn.Module] = None,
+    mtp: bool = False,
+    cache: Optional[List[Any]] = None,
+    model_cache: Optional[List[Any]] = None,
+    quantize: Optional[Callable[[List[Any]], None]] = None,
+) -> Drafter:
+    """The drafter of ``draft_model`` or, with ``mtp``, of the model's own
+    MTP block; ``cache`` is its part of the prompt cache (None: a new one)
+    and ``model_cache`` the model's."""
+    if mtp:
+        check_mtp(model, draft_model)
+        return MTPDrafter(model, cache, model_cache)
+    if draft_model is None:
+        raise ValueError("Speculative decoding needs a draft model or mtp=True.")
+    return DraftModelDrafter(draft_model, cache, quantize)
