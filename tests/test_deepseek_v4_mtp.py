@@ -18,7 +18,6 @@ from mlx_lm.generate import (
     BatchGenerator,
     batch_generate,
     generate_step,
-    make_mtp_prompt_cache,
     speculative_generate_step,
     stream_generate,
 )
@@ -46,6 +45,7 @@ from mlx_lm.models.cache import (
     save_prompt_cache,
     trim_prompt_cache,
 )
+from mlx_lm.models.drafters import make_mtp_prompt_cache
 
 # A checkpoint with an MTP block, loaded with it ("mtp"; a folder written
 # from it has the block's weights and the checkpoint's config alone).
@@ -629,7 +629,8 @@ class TestMTPCommands(unittest.TestCase):
         class Recording(server.BatchGenerator):
             def next(self):
                 out = super().next()
-                sizes.append((self.mtp, len(self._generation_batch)))
+                drafting = self.drafter is not None
+                sizes.append((drafting, len(self._generation_batch)))
                 return out
 
         def complete(thread, i, texts):

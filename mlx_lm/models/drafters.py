@@ -256,3 +256,120 @@ def make_drafter(
     if draft_model is None:
         raise ValueError("Speculative decoding needs a draft model or mtp=True.")
     return DraftModelDrafter(draft_model, cache, quantize)
+
+
+def trim_rows(cache: List[Any], counts: List[int]):
+    """Rewind each batch row b of every cache by ``counts[b]`` tokens."""
+    if not any(counts):
+        return
+    for c in cache:
+        if any(n > m for n, m in zip(counts, c.row_max_trim)):
+            raise ValueError(
+                f"Speculative decoding needs to trim {max(counts)} tokens but "
+                "the prompt cache cannot: use fewer draft tokens."
+            )
+    for c in cache:
+        c.trim_rows(counts)
+
+
+class BatchMTPDrafter:
+    """``MTPDrafter`` for the rows of a ``BatchGenerator``, each at its own
+    count. Its part of a batch's prompt cache (``cache`` below) is one
+    ``BatchMTPCache``; a row's block has not read the positions the row
+    accepted last round (``accepted``): the next ``draft`` reads them with
+    the row's last one, ``extract`` on a finished row's cache."""
+
+    return_hidden = True
+
+    def __init__(self, model: nn.Module):
+        # check_mtp(model) says whether it can draft.
+        self.model = model
+
+    def make_cache(self) -> List[Any]:
+        return make_mtp_prompt_cache(self.model)
+
+    def check_cache(self, model_cache: List[Any], cache: List[Any]):
+        check_mtp_cache(model_cache, cache[0] if len(cache) == 1 else None)
+
+    def prefill(self, cache, inputs, hidden, counts):
+        """Give the block each row's first ``counts[b]`` positions of a
+        chunk of ``inputs`` [B, L] with the target's streams ``hidden``, but
+        the last, each with the token after it (after the last kept
+        position's first, which it has not seen), and keep the streams."""
+        mtp_cache = cache[0]
+        # A row with no positions yet starts with the chunk's second token.
+        fresh = [v == 0 for v in mtp_cache.valid]
+        if mtp_cache.empty():
+            last = mx.zeros_like(hidden[:, :1])
+        else:
+            last = mtp_cache.last([1] * len(counts))
+        h = mx.concatenate([last, hidden[:, :-1]], axis=1)
+        lengths = [max(c - f, 0) for c, f in zip(counts, fresh)]
+        if max(lengths) > 0:
+            block = mtp_cache.cache
+            block.prepare(left_padding=[int(f) for f in fresh], lengths=lengths)
+            self.model.mtp_draft(h, inputs, [block])
+            block.finalize()
+        mtp_cache.push(hidden, counts)
+
+    def draft(self, cache, inputs, tokens, accepted, num_draft, sample):
+        """Each row's ``num_draft`` drafts [B, N] after its next input
+        ``inputs[b]`` (its history ``tokens[b]``) and the log-probabilities
+        [B, N, V] they were drawn from (``sample(logprobs [B, V])``)."""
+        B, N = len(inputs), num_draft
+        mtp_cache = cache[0]
+        block = [mtp_cache.cache]
+        # A row without the target's streams yet (a one-token prompt) drafts
+        # from zeros; its block forgets that position.
+        fresh = [v == 0 for v in mtp_cache.valid]
+        if N == 0 or all(fresh):
+            return mx.zeros((B, 0), mx.uint32), None
+
+        # The positions each row's block has not read, with the token after
+        # each, then the drafts.
+        counts = [lag + 1 for lag in accepted]
+        L = max(counts)
+        hidden = mtp_cache.last(counts)
+        if any(fresh):
+            mask = mx.array(fresh).reshape(-1, *(1,) * (hidden.ndim - 1))
+            hidden = mx.where(mask, mx.zeros_like(hidden), hidden)
+        rows = [
+            t[len(t) - lag :] + [y] + [0] * (L - lag - 1)
+            for t, lag, y in zip(tokens, accepted, inputs)
+        ]
+        if min(counts) < L:
+            mtp_cache.cache.prepare(lengths=counts)
+        logits, hidden = self.model.mtp_draft(hidden, mx.array(rows), block)
+        mtp_cache.cache.finalize()
+        index, last = mx.arange(B), mx.array(counts) - 1
+        logits, hidden = logits[index, last], hidden[index, last][:, None]
+
+        drafts, dists = [], []
+        for i in range(N):
+            if i > 0:
+                y = drafts[-1][:, None]
+                logits, hidden = self.model.mtp_draft(hidden, y, block)
+                logits = logits[:, -1]
+            logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            drafts.append(sample(logprobs).astype(mx.uint32))
+            dists.append(logprobs)
+        # Only the target's streams stay in the block's cache.
+        trim_rows(block, [N - 1 + f for f in fresh])
+        return mx.stack(drafts, axis=1), mx.stack(dists, axis=1)
+
+    def accept(self, cache, kept, hidden):
+        """Each row kept its next input and ``kept[b]`` drafts; ``hidden``
+        the target's streams over them all."""
+        cache[0].push(hidden, [m + 1 for m in kept])
+        mx.async_eval(cache[0].hidden)
+
+    def extract(self, cache, tokens, accepted):
+        """A finished row's drafter cache (``cache``, extracted), the block
+        in step with the model's: it reads the ``accepted`` positions."""
+        if accepted > 0:
+            mtp_cache = cache[0]
+            hidden = mtp_cache.hidden[:, -accepted - 1 : -1]
+            t = mx.array([tokens[-accepted:]])
+            self.model.mtp_draft(hidden, t, [mtp_cache.cache])
+            mx.eval(mtp_cache.state)
+        return cache
