@@ -45,7 +45,7 @@ from mlx_lm.models.cache import (
     save_prompt_cache,
     trim_prompt_cache,
 )
-from mlx_lm.models.drafters import make_mtp_prompt_cache
+from mlx_lm.models.mtp_drafter import make_mtp_prompt_cache
 
 # A checkpoint with an MTP block, loaded with it ("mtp"; a folder written
 # from it has the block's weights and the checkpoint's config alone).
@@ -425,7 +425,7 @@ class TestMTPSpeculative(unittest.TestCase):
             self.spec(no_block)
         with self.assertRaisesRegex(ValueError, "draft model"):
             list(speculative_generate_step(PROMPT, self.model, self.model, mtp=True))
-        with self.assertRaisesRegex(ValueError, "draft model or mtp"):
+        with self.assertRaisesRegex(ValueError, "needs a draft model"):
             list(speculative_generate_step(PROMPT, self.model))
         # The batch: a model without a block, a cache without its entry.
         with self.assertRaisesRegex(ValueError, "no MTP block"):
