@@ -16,6 +16,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.generate import (
     BatchGenerator,
+    SpeculativeGenerationBatch,
     batch_generate,
     generate_step,
     speculative_generate_step,
@@ -45,7 +46,7 @@ from mlx_lm.models.cache import (
     save_prompt_cache,
     trim_prompt_cache,
 )
-from mlx_lm.models.mtp_drafter import make_mtp_prompt_cache
+from mlx_lm.models.mtp_drafter import BatchMTPDrafter, make_mtp_prompt_cache
 
 # A checkpoint with an MTP block, loaded with it ("mtp"; a folder written
 # from it has the block's weights and the checkpoint's config alone).
@@ -900,6 +901,22 @@ class TestMTPBatch(unittest.TestCase):
                     {0: list(max_tokens.items())}, num_draft_tokens=k
                 )
                 self.assertAlone(results, max_tokens)
+
+    def test_a_drafter_given_to_the_generator(self):
+        # BatchGenerator(drafter=...) is the batch loop for any drafter.
+        generator = BatchGenerator(
+            self.model,
+            drafter=BatchMTPDrafter(self.model),
+            num_draft_tokens=2,
+            stop_tokens=set(),
+        )
+        (uid,) = generator.insert([self.prompts["a"]], max_tokens=[30])
+        got = []
+        while responses := generator.next_generated():
+            got += [r for r in responses if r.uid == uid]
+        generator.close()
+        self.assertAlone({"a": got}, {"a": 30})
+        self.assertIsInstance(generator._generation_batch, SpeculativeGenerationBatch)
 
     def test_rows_accept_their_own_counts(self):
         max_tokens = {"a": 40, "b": 33, "c": 37}
