@@ -16,9 +16,9 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.generate import (
     BatchGenerator,
+    SpeculativeGenerationBatch,
     batch_generate,
     generate_step,
-    make_mtp_prompt_cache,
     speculative_generate_step,
     stream_generate,
 )
@@ -37,10 +37,16 @@ from test_server_requests import ServerThread
 from mlx_lm import cache_prompt, server
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
+    BatchMTPCache,
+    BatchWindowCompressorCache,
+    MTPCache,
+    WindowCompressorCache,
     load_prompt_cache,
     make_prompt_cache,
+    save_prompt_cache,
     trim_prompt_cache,
 )
+from mlx_lm.models.mtp_drafter import BatchMTPDrafter, make_mtp_prompt_cache
 
 # A checkpoint with an MTP block, loaded with it ("mtp"; a folder written
 # from it has the block's weights and the checkpoint's config alone).
@@ -420,7 +426,7 @@ class TestMTPSpeculative(unittest.TestCase):
             self.spec(no_block)
         with self.assertRaisesRegex(ValueError, "draft model"):
             list(speculative_generate_step(PROMPT, self.model, self.model, mtp=True))
-        with self.assertRaisesRegex(ValueError, "draft model or mtp"):
+        with self.assertRaisesRegex(ValueError, "needs a draft model"):
             list(speculative_generate_step(PROMPT, self.model))
         # The batch: a model without a block, a cache without its entry.
         with self.assertRaisesRegex(ValueError, "no MTP block"):
@@ -624,7 +630,8 @@ class TestMTPCommands(unittest.TestCase):
         class Recording(server.BatchGenerator):
             def next(self):
                 out = super().next()
-                sizes.append((self.mtp, len(self._generation_batch)))
+                drafting = self.drafter is not None
+                sizes.append((drafting, len(self._generation_batch)))
                 return out
 
         def complete(thread, i, texts):
@@ -663,6 +670,56 @@ class TestMTPCommands(unittest.TestCase):
             self.assertEqual([a["choices"][0]["text"] for _, a in texts], alone)
         self.assertTrue(all(mtp for mtp, _ in sizes))
         self.assertGreaterEqual(max(n for _, n in sizes), 2)
+
+
+class TestMTPCacheFiles(unittest.TestCase):
+
+    def assert_round_trip(self, cache, kinds):
+        """``cache`` through save_prompt_cache and load_prompt_cache: the
+        same classes and arrays."""
+        with tempfile.TemporaryDirectory() as tmp:
+            file = str(Path(tmp) / "cache.safetensors")
+            save_prompt_cache(file, cache)
+            loaded = load_prompt_cache(file)
+        self.assertEqual([type(c) for c in loaded], [type(c) for c in cache])
+        self.assertEqual({type(c) for c in cache}, kinds)
+        for a, b in zip(cache, loaded):
+            want, got = tree_flatten(a.state), tree_flatten(b.state)
+            self.assertEqual([k for k, _ in got], [k for k, _ in want])
+            for (k, u), (_, v) in zip(got, want):
+                same = mx.array_equal(u, v) if isinstance(v, mx.array) else u == v
+                self.assertTrue(same, (type(a).__name__, k))
+        return loaded
+
+    def test_every_cache_class_round_trips(self):
+        model = make_tiny_model(MTP_CONFIG)
+        cache = make_prompt_cache(model) + make_mtp_prompt_cache(model)
+        steps = speculative_generate_step(
+            PROMPT, model, mtp=True, max_tokens=6, prompt_cache=cache
+        )
+        for _ in steps:
+            pass
+        loaded = self.assert_round_trip(cache, {WindowCompressorCache, MTPCache})
+        # The loaded cache decodes as the saved one.
+        tokens = []
+        for c in (cache, loaded):
+            steps = speculative_generate_step(
+                PROMPT[:4], model, mtp=True, max_tokens=8, prompt_cache=c
+            )
+            tokens.append([t for t, *_ in steps])
+        self.assertEqual(tokens[0], tokens[1])
+
+        # A batch's caches, mid-decode.
+        generator = BatchGenerator(model, mtp=True, stop_tokens=set())
+        generator.insert([PROMPT.tolist(), PROMPT[:9].tolist()], max_tokens=[20, 20])
+        for _ in range(3):
+            generator.next_generated()
+        batch = generator._generation_batch.prompt_cache
+        kinds = {BatchWindowCompressorCache, BatchMTPCache}
+        loaded = self.assert_round_trip(batch, kinds)
+        self.assertEqual(loaded[-1].ends, batch[-1].ends)
+        self.assertEqual(loaded[-1].row_max_trim, batch[-1].row_max_trim)
+        generator.close()
 
 
 class BatchOracle:
@@ -844,6 +901,22 @@ class TestMTPBatch(unittest.TestCase):
                     {0: list(max_tokens.items())}, num_draft_tokens=k
                 )
                 self.assertAlone(results, max_tokens)
+
+    def test_a_drafter_given_to_the_generator(self):
+        # BatchGenerator(drafter=...) is the batch loop for any drafter.
+        generator = BatchGenerator(
+            self.model,
+            drafter=BatchMTPDrafter(self.model),
+            num_draft_tokens=2,
+            stop_tokens=set(),
+        )
+        (uid,) = generator.insert([self.prompts["a"]], max_tokens=[30])
+        got = []
+        while responses := generator.next_generated():
+            got += [r for r in responses if r.uid == uid]
+        generator.close()
+        self.assertAlone({"a": got}, {"a": 30})
+        self.assertIsInstance(generator._generation_batch, SpeculativeGenerationBatch)
 
     def test_rows_accept_their_own_counts(self):
         max_tokens = {"a": 40, "b": 33, "c": 37}

@@ -153,6 +153,37 @@ class TestDeepseekV4SpeculativeAndPromptCache(unittest.TestCase):
         self.assertEqual(len(worst), 20)
         self.assertLessEqual(max(worst), GRAPH_BOUND)
 
+    def test_prompt_cache_holds_every_token_given(self):
+        # As after plain decoding, the target and the draft model in step,
+        # whether the last token given was a draft or the target's own.
+        expected = [t for t, _ in self.generate()]
+        ends = set()
+        for max_tokens in range(9, 17):
+            cache = make_prompt_cache(self.model) + make_prompt_cache(self.draft)
+            steps = speculative_generate_step(
+                mx.array(self.prompt),
+                self.model,
+                self.draft,
+                num_draft_tokens=3,
+                max_tokens=max_tokens,
+                prompt_cache=cache,
+            )
+            steps = list(steps)
+            ends.add(steps[-1][2])
+            self.assertEqual([t for t, *_ in steps], expected[:max_tokens])
+            size = len(self.prompt) + max_tokens
+            self.assertEqual([c.size() for c in cache], [size] * len(cache))
+            rest = speculative_generate_step(
+                mx.array(expected[max_tokens : max_tokens + 1]),
+                self.model,
+                self.draft,
+                max_tokens=4,
+                prompt_cache=cache,
+            )
+            want = expected[max_tokens + 1 : max_tokens + 5]
+            self.assertEqual([t for t, *_ in rest], want)
+        self.assertEqual(ends, {False, True})
+
     def test_prompt_cache_reuses_the_common_prefix_of_an_edited_prompt(self):
         model = self.model
         mx.random.seed(13)
@@ -231,10 +262,12 @@ class TestDeepseekV4ServerDraftModel(unittest.TestCase):
             for args in ((), ("--draft-model", str(draft), "--num-draft-tokens", "4")):
                 thread = ServerThread(target, *args)
                 try:
-                    status, answer = thread.request("POST", "/v1/completions", body)
+                    # Again: through the prompt cache the first one left.
+                    for _ in range(2):
+                        status, answer = thread.request("POST", "/v1/completions", body)
+                        self.assertEqual(status, 200, answer)
+                        self.assertEqual(answer["usage"]["completion_tokens"], 24)
+                        texts.append(answer["choices"][0]["text"])
                 finally:
                     thread.close()
-                self.assertEqual(status, 200, answer)
-                self.assertEqual(answer["usage"]["completion_tokens"], 24)
-                texts.append(answer["choices"][0]["text"])
-        self.assertEqual(texts[0], texts[1])
+        self.assertEqual(texts, texts[:1] * 4)
