@@ -325,7 +325,10 @@ class TestForkAssembly(unittest.TestCase):
         folder = self.tmp / "tiny-mtp"
         with mock.patch.object(fork, "setup_dev", return_value=sys.executable):
             self.assertEqual(fork.main(["tiny-model", str(folder), "--mtp"]), 0)
+        # The block is in the folder, and loads where asked for.
         model, tokenizer = load(str(folder))
+        self.assertEqual(len(model.mtp), 0)
+        model, tokenizer = load(str(folder), model_config={"mtp": True})
         self.assertEqual(len(model.mtp), 1)
         plain = generate(model, tokenizer, "The quick brown fox", max_tokens=8)
         drafted = generate(
