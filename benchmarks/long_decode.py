@@ -214,7 +214,11 @@ def make_model_folder(path, model_type, seed=0, mtp=False):
     path.mkdir(parents=True, exist_ok=True)
     mx.random.seed(seed)
     model_class, args_class = _get_classes(config)
-    model = model_class(args_class.from_dict(config))
+    # The block is built where asked for (load's model_config); the folder
+    # keeps it, as mlx_lm.convert does.
+    model = model_class(
+        args_class.from_dict({**config, "mtp": True} if mtp else config)
+    )
     mx.eval(model.parameters())
     save_model(path, model, donate_model=True)
     with open(path / "config.json", "w") as f:
