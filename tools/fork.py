@@ -478,6 +478,7 @@ def lint_files(tree):
     files = sorted(set(files))
     files = [Path(tree) / p for p in sorted(files)]
     files += sorted((ROOT / "tests").rglob("*.py"))
+    files += sorted((ROOT / "checks").rglob("*.py"))
     files += sorted((ROOT / "benchmarks").rglob("*.py"))
     files += sorted((ROOT / "tools").rglob("*.py")) + [ROOT / "setup.py"]
     return files
@@ -685,9 +686,9 @@ def test_prs(python=sys.executable, names=None):
                 print(f"{pr.name}: conflict: {line}")
             code = 1
             if not problems and pr.tests:
-                # The tests import helpers from benchmarks/, the fork's own.
-                path = os.pathsep.join([str(tree), str(ROOT / "benchmarks")])
-                env = dict(os.environ, PYTHONPATH=path, HF_HUB_OFFLINE="1")
+                # Only the exported tree: a PR's tests import nothing of the
+                # fork's own (benchmarks/, checks/).
+                env = dict(os.environ, PYTHONPATH=str(tree), HF_HUB_OFFLINE="1")
                 env["TOKENIZERS_PARALLELISM"] = "false"
                 cmd = [python, "-m", "pytest", "-q", "-p", "no:cacheprovider"]
                 cmd += ["--tb=short"]
@@ -763,7 +764,8 @@ def test(ref=None):
     results["install from git"] = version == VERSION and not scripts
     print(f"installed {version!r} from {ref}; missing console scripts: {scripts}")
 
-    cmd = [venv / "bin" / "pytest", "-q", "-p", "no:cacheprovider", "tests", "tools"]
+    cmd = [venv / "bin" / "pytest", "-q", "-p", "no:cacheprovider"]
+    cmd += ["tests", "checks", "tools"]
     print("+", " ".join(map(str, cmd)), flush=True)
     code = subprocess.run(cmd, cwd=ROOT).returncode
     if code == 5:
