@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# Copyright © 2026 Apple Inc.
+# The H200 calls of docs/benchmarks.md (issue 32), device side:
+#   bash benchmarks/dsv4_gpu_calls.sh <part>
+# with PYTHONPATH=/tmp/site (MLX's CUDA build, ../shared/tools/mlx-cuda-parts.sh)
+# and, carried in build/gpu/: main/ and b535387/ (`tools/fork.py stage` of
+# each tree, tests/ removed) and mlxvlm.tar.xz (mlx_vlm/ of the 0.7.10 wheel).
+# Pillow and numpy wheels (cp312) go into .mlxcuda/b/ for mlx-vlm's imports.
+set -u
+mkdir -p /tmp/vlm && tar -C /tmp/vlm -xJf build/gpu/mlxvlm.tar.xz
+nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+B=benchmarks/dsv4_speed.py
+n=0
+run() {  # run <tree> <timeout> <env> args...
+  tree=$1; limit=$2; envs=$3; shift 3; n=$((n+1))
+  log=$OUT/$(printf %02d $n)-$tree.log
+  echo "=== $n $tree [$envs] $* ($(date -u +%T))" | tee $log
+  env $envs PYTHONPATH=build/gpu/$tree:/tmp/vlm:/tmp/site timeout $limit python3 $B "$@" >>$log 2>&1
+  echo "rc $? ($(date -u +%T))" >>$log
+  grep -E 'tok/s|primitives|weights|rc |Error|error' $log | grep -v '^  ' | tail -40
+}
+L43="--layers 43 --experts 8"
+P="--peer --peer-exact-indexer"
+case $1 in
+1)
+  run main 200 X=1 $L43 --prefill 2048,16384 --decode 1024,32768 --steps 24 $P
+  run b535387 200 X=1 $L43 --prefill 2048,16384 --decode 1024,32768 --steps 24 $P
+  run b535387 90 X=1 $L43 --bits 4 --prefill 2048 --decode 1024 --steps 24 $P
+  run main 90 X=1 $L43 --bits 4 --prefill 2048 --decode 1024 --steps 24 $P
+  ;;
+2)
+  run main 80 X=1 --experts 8 --prefill 2048,16384 --decode 1024,32768 --steps 64 $P
+  run b535387 80 X=1 --experts 8 --prefill 2048,16384 --decode 1024,32768 --steps 64 $P
+  run b535387 60 X=1 --experts 8 --bits 4 --prefill 2048,16384 --decode 1024,32768 --steps 64 $P
+  run main 60 X=1 --experts 8 --bits 4 --prefill 2048,16384 --decode 1024,32768 --steps 64 $P
+  for k in 1 0 0 1; do
+    run main 70 MLX_LM_HC_KERNELS=$k $L43 --prefill 2048 --decode 1024 --steps 32
+  done
+  ;;
+3)
+  run main 280 X=1 $L43 --prefill 2048,16384 --decode 1024,32768 --steps 24 $P
+  run b535387 220 X=1 $L43 --prefill 2048,16384 --decode 1024,32768 --steps 24 $P
+  ;;
+esac
