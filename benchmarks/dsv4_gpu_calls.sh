@@ -5,9 +5,12 @@
 # with PYTHONPATH=/tmp/site (MLX's CUDA build, ../shared/tools/mlx-cuda-parts.sh)
 # and, carried in build/gpu/: main/ and b535387/ (`tools/fork.py stage` of
 # each tree, tests/ removed) and mlxvlm.tar.xz (mlx_vlm/ of the 0.7.10 wheel).
-# Pillow and numpy wheels (cp312) go into .mlxcuda/b/ for mlx-vlm's imports.
+# Pillow and numpy wheels (cp312) go into .mlxcuda/b/ for mlx-vlm's imports;
+# cute.tar.xz (mlx/include/cute and cutlass of the mlx-cuda-13 wheel) for the
+# quantized matmuls, which MLX compiles at run time against them.
 set -u
 mkdir -p /tmp/vlm && tar -C /tmp/vlm -xJf build/gpu/mlxvlm.tar.xz
+[ -f build/gpu/cute.tar.xz ] && tar -C /tmp/site -xJf build/gpu/cute.tar.xz
 nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 B=benchmarks/dsv4_speed.py
 n=0
@@ -40,5 +43,11 @@ case $1 in
 3)
   run main 280 X=1 $L43 --prefill 2048,16384 --decode 1024,32768 --steps 24 $P
   run b535387 220 X=1 $L43 --prefill 2048,16384 --decode 1024,32768 --steps 24 $P
+  ;;
+4)
+  run main 150 X=1 $L43 --bits 4 --prefill 2048 --decode 1024 --steps 24 $P
+  run b535387 120 X=1 $L43 --bits 4 --prefill 2048 --decode 1024 --steps 24 $P
+  run b535387 70 X=1 --experts 8 --bits 4 --prefill 2048,16384 --decode 1024 --steps 64 $P
+  run main 70 X=1 --experts 8 --bits 4 --prefill 2048,16384 --decode 1024 --steps 64 $P
   ;;
 esac
