@@ -10,6 +10,7 @@ import unittest
 from pathlib import Path
 
 from long_decode import make_tokenizer
+from mlx_lm.utils import load_tokenizer
 
 from mlx_lm.chat_templates.deepseek_v4 import (
     REASONING_EFFORT_BEYOND,
@@ -17,7 +18,6 @@ from mlx_lm.chat_templates.deepseek_v4 import (
     bos_token,
     special_tokens,
 )
-from mlx_lm.utils import load_tokenizer
 
 MESSAGES = [{"role": "user", "content": "Hi"}]
 TAIL = "<｜User｜>Hi<｜Assistant｜><think>"
