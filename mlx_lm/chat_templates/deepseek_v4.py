@@ -6,9 +6,14 @@ Writes what DeepSeek's ``encoding_dsv4.py`` writes. Tool results have no role
 of their own: they are folded into the next user turn. ``tools`` and
 ``response_format`` go on the first system message (an empty one is added if
 there is none); ``tools`` given on a system or developer message are kept.
+
+Two chat formats differ only in reasoning effort: the first release's
+(``"original"``) and that of V4-Flash-0731 and V4-Pro-0813 (``"0731"``).
 """
 
+import functools
 import json
+from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from .deepseek_v32 import to_json
@@ -40,21 +45,7 @@ task_tokens = {
     "read_url": "<｜read_url｜>",
 }
 
-REASONING_EFFORTS = ("max", "high", None)
-
-# OpenAI's reasoning_effort values as vLLM maps them for DeepSeek-V4: "none"
-# turns thinking off, "xhigh" asks for DeepSeek's "max", the rest for "high".
-OPENAI_REASONING_EFFORTS = {
-    "none": None,
-    "minimal": "high",
-    "low": "high",
-    "medium": "high",
-    "high": "high",
-    "xhigh": "max",
-    "max": "max",
-}
-
-REASONING_EFFORT_MAX = (
+REASONING_EFFORT_HIGH = (
     "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"
     "You MUST be very thorough in your thinking and comprehensively decompose "
     "the problem to resolve the root cause, rigorously stress-testing your "
@@ -63,6 +54,82 @@ REASONING_EFFORT_MAX = (
     "intermediate step, considered alternative, and rejected hypothesis to "
     "ensure absolutely no assumption is left unchecked.\n\n"
 )
+REASONING_EFFORT_BEYOND = (
+    "Reasoning Effort: Beyond maximum \u2014 exhaustive, relentless, and "
+    "uncompromising.\n"
+    "You MUST reason with the utmost depth and rigor, leaving absolutely nothing "
+    "to chance: exhaustively decompose the problem into its most fundamental "
+    "components, trace every causal chain to its root, and resolve the "
+    "underlying cause rather than any surface symptom.\n"
+    "Do not stop reasoning until you have independently verified the solution "
+    "from multiple angles and are certain that no assumption remains unchecked "
+    "and no error remains undiscovered.\n\n"
+)
+
+# DeepSeek's reasoning efforts by chat format: the prompt each puts after the
+# BOS in thinking mode, and the effort of a request that names none. 0731's
+# "high" is the original's "max" prompt.
+REASONING_EFFORT_PROMPTS = {
+    "original": {"high": "", "max": REASONING_EFFORT_HIGH},
+    "0731": {"low": "", "high": REASONING_EFFORT_HIGH, "max": REASONING_EFFORT_BEYOND},
+}
+DEFAULT_REASONING_EFFORT = {"original": "high", "0731": "low"}
+
+# OpenAI's reasoning_effort values as vLLM maps them for each format ("none"
+# turns thinking off). The original: "xhigh" asks for "max", the rest for
+# "high"; 0731: "minimal", "low" and "medium" for "low", "xhigh" for "high".
+OPENAI_REASONING_EFFORTS = {
+    "original": {
+        "none": None,
+        "minimal": "high",
+        "low": "high",
+        "medium": "high",
+        "high": "high",
+        "xhigh": "max",
+        "max": "max",
+    },
+    "0731": {
+        "none": None,
+        "minimal": "low",
+        "low": "low",
+        "medium": "low",
+        "high": "high",
+        "xhigh": "high",
+        "max": "max",
+    },
+}
+
+
+def chat_format_of(model_path) -> str:
+    """The chat format of the checkpoint in ``model_path``: what its own
+    ``encoding/encoding_dsv4.py`` says (read as text, never run), else
+    ``"0731"`` where its config has ``dspark_*`` fields."""
+    path = Path(model_path)
+    encoder = path / "encoding" / "encoding_dsv4.py"
+    if encoder.is_file():
+        text = encoder.read_text(encoding="utf-8", errors="replace")
+        if "Reasoning Effort: Beyond maximum" in text:
+            return "0731"
+        if "REASONING_EFFORT_MAX" in text:
+            return "original"
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return "original"
+    if isinstance(config, dict) and any(k.startswith("dspark_") for k in config):
+        return "0731"
+    return "original"
+
+
+def for_checkpoint(model_path):
+    """``apply_chat_template`` in the chat format of the checkpoint in
+    ``model_path`` (a ``chat_format`` keyword still overrides it)."""
+    template = functools.partial(
+        apply_chat_template, chat_format=chat_format_of(model_path)
+    )
+    template.keeps_tool_parts = True
+    return template
+
 
 TOOLS_TEMPLATE = """## Tools
 
@@ -334,14 +401,16 @@ def apply_chat_template(
     response_format: Optional[Dict[str, Any]] = None,
     thinking: Optional[bool] = None,
     thinking_mode: Optional[str] = None,
+    chat_format: str = "original",
     return_dict: bool = False,
     **kwargs,
 ) -> str:
     """Render ``messages`` as DeepSeek's ``encode_messages`` does.
 
     ``enable_thinking`` (or ``thinking``, or ``thinking_mode`` ``"chat"`` or
-    ``"thinking"``) picks thinking or chat mode. ``reasoning_effort`` is
-    DeepSeek's ``"max"``, ``"high"`` or ``None``, or one of OpenAI's values
+    ``"thinking"``) picks thinking or chat mode. ``reasoning_effort`` is one
+    of DeepSeek's for the ``chat_format`` (``"original"``: ``"high"``,
+    ``"max"``; ``"0731"``: ``"low"``, ``"high"``, ``"max"``) or of OpenAI's
     (``OPENAI_REASONING_EFFORTS``; ``"none"`` is chat mode). Earlier
     reasoning is dropped unless ``drop_thinking=False`` or there are tools.
     ``continue_final_message`` leaves the final message open: an assistant
@@ -356,9 +425,9 @@ def apply_chat_template(
     if kwargs:
         raise ValueError(
             f"Unknown chat template arguments {sorted(kwargs)} for DeepSeek-V4, "
-            "expected among add_generation_prompt, continue_final_message, "
-            "drop_thinking, enable_thinking, reasoning_effort, response_format, "
-            "thinking, thinking_mode, tools"
+            "expected among add_generation_prompt, chat_format, "
+            "continue_final_message, drop_thinking, enable_thinking, "
+            "reasoning_effort, response_format, thinking, thinking_mode, tools"
         )
     if return_dict:
         raise ValueError("return_dict=True is not supported: the template gives text")
@@ -370,15 +439,23 @@ def apply_chat_template(
                 "expected 'chat' or 'thinking'"
             )
         thinking = thinking_mode == "thinking"
-    if reasoning_effort not in REASONING_EFFORTS:
-        if reasoning_effort not in OPENAI_REASONING_EFFORTS:
+    if chat_format not in REASONING_EFFORT_PROMPTS:
+        raise ValueError(
+            f"Invalid chat_format {chat_format!r}, expected one of "
+            f"{list(REASONING_EFFORT_PROMPTS)}"
+        )
+    prompts = REASONING_EFFORT_PROMPTS[chat_format]
+    if reasoning_effort not in prompts and reasoning_effort is not None:
+        openai = OPENAI_REASONING_EFFORTS[chat_format]
+        if reasoning_effort not in openai:
             raise ValueError(
                 f"Invalid reasoning_effort {reasoning_effort!r}, expected one of "
-                f"{list(OPENAI_REASONING_EFFORTS)}"
+                f"{list(openai)}"
             )
         if reasoning_effort == "none":
             thinking = False
-        reasoning_effort = OPENAI_REASONING_EFFORTS[reasoning_effort]
+        reasoning_effort = openai[reasoning_effort]
+    reasoning_effort = reasoning_effort or DEFAULT_REASONING_EFFORT[chat_format]
 
     messages = list(messages)
     if tools or response_format:
@@ -418,8 +495,8 @@ def apply_chat_template(
 
     last_user = _last_user(messages)
     prompt = bos_token
-    if messages and thinking and reasoning_effort == "max":
-        prompt += REASONING_EFFORT_MAX
+    if messages and thinking:
+        prompt += prompts[reasoning_effort]
     for i in range(len(messages)):
         prompt += _render_message(i, messages, thinking, drop_thinking, last_user)
 
