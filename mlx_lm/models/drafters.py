@@ -23,7 +23,7 @@ def trim_rows(cache: List[Any], counts: List[int]):
     if not any(counts):
         return
     if len(counts) == 1:
-        if (trimmed := trim_prompt_cache(cache, counts[0])) == counts[0]:
+        if trim_prompt_cache(cache, counts[0]) == counts[0]:
             return
     elif all(
         hasattr(c, "trim_rows") and all(map(int.__le__, counts, c.row_max_trim))
