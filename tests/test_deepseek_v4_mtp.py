@@ -46,7 +46,7 @@ from mlx_lm.models.cache import (
     save_prompt_cache,
     trim_prompt_cache,
 )
-from mlx_lm.models.mtp_drafter import BatchMTPDrafter, make_mtp_prompt_cache
+from mlx_lm.models.mtp_drafter import MTPDrafter, make_mtp_prompt_cache
 
 # A checkpoint with an MTP block, loaded with it ("mtp"; a folder written
 # from it has the block's weights and the checkpoint's config alone).
@@ -906,7 +906,7 @@ class TestMTPBatch(unittest.TestCase):
         # BatchGenerator(drafter=...) is the batch loop for any drafter.
         generator = BatchGenerator(
             self.model,
-            drafter=BatchMTPDrafter(self.model),
+            drafter=MTPDrafter(self.model),
             num_draft_tokens=2,
             stop_tokens=set(),
         )
@@ -941,8 +941,11 @@ class TestMTPBatch(unittest.TestCase):
         streams in step (the oracle's checks), up to the last round's."""
         for name, responses in results.items():
             with self.subTest(request=name):
-                read = self.read[name]
-                self.assertEqual(sorted(read), list(range(len(read))))
+                # A row's first step runs while its batch is being made, where
+                # the oracle cannot name its rows: the prompt's last position.
+                read, last = self.read[name], len(self.prompts[name]) - 2
+                every = [p for p in range(len(read) + 1) if p != last]
+                self.assertEqual(sorted(read), every[: len(read)])
                 total = len(self.prompts[name]) + len(responses)
                 self.assertGreaterEqual(len(read), total - num_draft_tokens - 2)
 
@@ -966,8 +969,8 @@ class TestMTPBatch(unittest.TestCase):
         for name in "abc":
             with self.subTest(request=name):
                 unseen.add(self.assertContinues(self.prompts[name], results[name]))
-        # Ends on an accepted draft and on the target's own token.
-        self.assertEqual(unseen, {0, 1})
+        # Every token given is in the cache, as after plain decoding.
+        self.assertEqual(unseen, {0})
 
     def assertContinues(self, prompt, responses):
         """Continue a finished row's prompt cache; return how many of the

@@ -34,22 +34,25 @@ class LookupDrafter(Drafter):
     def __init__(self, tokens):
         self.tokens, self.seen, self.log = tokens, 0, []
 
-    def prefill(self, tokens, hidden):
-        self.seen += tokens.size
-        self.log.append(("prefill", tokens.size))
+    def make_cache(self):
+        return []
 
-    def draft(self, y, num_draft, sample):
+    def prefill(self, cache, tokens, hidden, lengths):
+        self.seen += lengths[0]
+        self.log.append(("prefill", tokens.shape))
+
+    def draft(self, cache, inputs, num_draft, sample):
         pos = self.seen + 1
         drafts = self.tokens[pos : pos + num_draft]
         drafts = [t if (pos + i) % 3 else (t + 1) % 50 for i, t in enumerate(drafts)]
         self.num_draft = len(drafts)
-        return mx.array(drafts, mx.uint32), None
+        return mx.array([drafts], mx.uint32), None
 
-    def accept(self, num_accept, hidden):
-        self.seen += num_accept + 1
-        self.log.append(("accept", num_accept, self.num_draft))
+    def accept(self, cache, accepted, hidden):
+        self.seen += accepted[0] + 1
+        self.log.append(("accept", accepted[0], self.num_draft))
 
-    def finish(self):
+    def finish(self, cache):
         self.log.append(("finish",))
 
 
@@ -81,7 +84,7 @@ class TestDrafters(unittest.TestCase):
         self.assertGreater(drafted, 10)
         self.assertLess(drafted, 25)
         # The prompt in chunks, a round's accepted counts, the end.
-        self.assertEqual(drafter.log[:2], [("prefill", 4), ("prefill", 4)])
+        self.assertEqual(drafter.log[:2], [("prefill", (1, 4)), ("prefill", (1, 4))])
         rounds = [e for e in drafter.log if e[0] == "accept"]
         self.assertTrue(any(a < n for _, a, n in rounds))
         self.assertTrue(any(a == n for _, a, n in rounds))
@@ -100,8 +103,9 @@ class TestDrafters(unittest.TestCase):
         self.assertEqual([t for t, _ in expected], self.expected)
         self.assertGreater(sum(d for _, d in expected), 0)
         drafter = DraftModelDrafter(self.draft)
-        self.assertEqual(run(drafter=drafter), expected)
-        self.assertEqual(drafter.cache[0].offset, self.prompt.size + 30)
+        cache = make_prompt_cache(self.model) + drafter.make_cache()
+        self.assertEqual(run(drafter=drafter, prompt_cache=cache), expected)
+        self.assertEqual(cache[-1].offset, self.prompt.size + 30)
         # The target drafting for itself: every draft stays.
         flags = [d for _, d in run(draft_model=self.model)]
         self.assertEqual(flags, ([True] * 3 + [False]) * 7 + [True] * 2)

@@ -1,7 +1,8 @@
 # Copyright © 2026 Apple Inc.
 
-"""Drafters for speculative decoding: each proposes tokens that the target
-model verifies in one forward (``speculative_generate_step``)."""
+"""Drafters for speculative decoding: each proposes tokens for the rows of a
+batch that the target model verifies in one forward
+(``speculative_generate_step``: one row; ``BatchGenerator``: many)."""
 
 from typing import Any, Callable, List, Optional, Tuple
 
@@ -10,109 +11,143 @@ import mlx.nn as nn
 
 from .cache import make_prompt_cache, trim_prompt_cache
 
-# The loop's sampling of a drafter's position: logits [1, V] and the tokens
-# from the target's next input on (the processors' history after the
-# target's) -> the token [1] and the log-probabilities it was drawn from.
+# The loop's sampling of a drafted position: logits [B, V] and each row's
+# tokens from its input on [B, i + 1] -> the tokens [B] and the
+# log-probabilities [B, V] they were drawn from.
 DraftSample = Callable[[mx.array, mx.array], Tuple[mx.array, mx.array]]
 
 
-def trim_exactly(cache: List[Any], n: int):
-    """Trim ``n`` tokens from ``cache`` or raise a ValueError."""
-    if (trimmed := trim_prompt_cache(cache, n)) < n:
-        raise ValueError(
-            f"Speculative decoding needs to trim {n} tokens but the "
-            f"prompt cache trimmed {trimmed}: use fewer draft tokens."
-        )
+def trim_rows(cache: List[Any], counts: List[int]):
+    """Rewind row b of every cache by ``counts[b]`` tokens, or raise a
+    ValueError where a cache cannot."""
+    if not any(counts):
+        return
+    if len(counts) == 1:
+        if trim_prompt_cache(cache, counts[0]) == counts[0]:
+            return
+    elif all(
+        hasattr(c, "trim_rows") and all(map(int.__le__, counts, c.row_max_trim))
+        for c in cache
+    ):
+        for c in cache:
+            c.trim_rows(counts)
+        return
+    raise ValueError(
+        f"Speculative decoding needs to trim {max(counts)} tokens but the "
+        "prompt cache cannot: use fewer draft tokens."
+    )
 
 
 class Drafter:
-    """Proposes draft tokens for speculative decoding. The loop calls:
+    """Proposes draft tokens for speculative decoding, for B rows at once.
+    Its state is in its part of the prompt cache (``make_cache``: the
+    entries after the target's), which the loop hands to every call; the
+    loop calls:
 
-    - ``prefill(tokens, hidden)`` after the target processed ``tokens`` [L]
-      (a chunk of the prompt), ``hidden`` its hidden states there as
-      ``return_hidden`` asks for them (None where it asks for none);
-    - ``draft(y, num_draft, sample)`` with ``y`` [1] the target's next
-      input: up to ``num_draft`` drafts [n] and, where they were drawn from
-      them, their log-probabilities [n, V] (None: the target's own samples
-      decide which drafts stay);
-    - ``accept(num_accept, hidden)`` once the target kept ``y`` and the
-      first ``num_accept`` drafts (``hidden``: its states over ``y`` and
-      every draft);
-    - ``finish()`` at the end, so that ``cache`` is in step with the
-      target's for a later call with the same prompt cache.
-
-    ``cache`` is the drafter's part of the prompt cache, after the target's.
+    - ``prefill(cache, tokens, hidden, lengths)`` after the target processed
+      ``tokens`` [B, L] (row b's first ``lengths[b]``; a chunk of the
+      prompt), ``hidden`` its hidden states there as ``return_hidden`` asks
+      for them (None where it asks for none);
+    - ``draft(cache, inputs, num_draft, sample)`` with ``inputs`` [B] each
+      row's next input to the target: up to ``num_draft`` drafts a row
+      [B, N] and, where they were drawn from them, their log-probabilities
+      [B, N, V] (None: the target's own samples decide which drafts stay);
+    - ``accept(cache, accepted, hidden)`` once the target kept each row's
+      input and its first ``accepted[b]`` drafts (``hidden``: its states over
+      the inputs and every draft);
+    - ``check_cache(model_cache, cache)`` on a prompt cache it is given;
+    - ``finish(cache)`` at the end (the single loop) or on a finished row's
+      cache (the batch), so that ``cache`` is in step with the target's for
+      a later call with the same prompt cache.
     """
 
     # What the target's forward returns besides the logits for the drafter
     # (its ``return_hidden``); None for nothing.
     return_hidden = None
-    cache: List[Any] = []
 
-    def prefill(self, tokens: mx.array, hidden: Optional[mx.array]):
+    def make_cache(self) -> List[Any]:
+        raise NotImplementedError
+
+    def check_cache(self, model_cache: List[Any], cache: List[Any]):
+        """Raise a ValueError where a given prompt cache's ``cache`` is not
+        in step with the target's ``model_cache``."""
+
+    def prefill(
+        self,
+        cache: List[Any],
+        tokens: mx.array,
+        hidden: Optional[mx.array],
+        lengths: List[int],
+    ):
         raise NotImplementedError
 
     def draft(
-        self, y: mx.array, num_draft: int, sample: DraftSample
+        self, cache: List[Any], inputs: mx.array, num_draft: int, sample: DraftSample
     ) -> Tuple[mx.array, Optional[mx.array]]:
         raise NotImplementedError
 
-    def accept(self, num_accept: int, hidden: Optional[mx.array]):
+    def accept(self, cache: List[Any], accepted: List[int], hidden: Optional[mx.array]):
         raise NotImplementedError
 
-    def finish(self):
+    def finish(self, cache: List[Any]):
         pass
 
 
 class DraftModelDrafter(Drafter):
-    """Drafts with a smaller model of the same tokenizer, token by token.
-    It gives no log-probabilities: the target's samples decide, as in
-    mlx-lm 0.32.2."""
+    """Drafts with a smaller model of the same tokenizer, token by token, for
+    one row (its caches cannot rewind rows by their own counts). It gives
+    no log-probabilities: the target's samples decide, as in mlx-lm
+    0.32.2."""
 
     def __init__(
         self,
         model: nn.Module,
-        cache: Optional[List[Any]] = None,
         quantize: Optional[Callable[[List[Any]], None]] = None,
     ):
         self.model = model
-        self.cache = make_prompt_cache(model) if cache is None else cache
         self.quantize = quantize or (lambda cache: None)
         # The tokens the target has and the draft model has not processed.
         self._pending = mx.array([], mx.uint32)
-        self._num_draft = 0
+        self._drafts = mx.zeros((1, 0), mx.uint32)
 
-    def _forward(self, tokens):
-        logits = self.model(tokens[None], cache=self.cache)
-        self.quantize(self.cache)
+    def make_cache(self):
+        return make_prompt_cache(self.model)
+
+    def _forward(self, cache, tokens):
+        if tokens.shape[0] != 1:
+            raise ValueError("A draft model drafts for one sequence at a time.")
+        logits = self.model(tokens, cache=cache)
+        self.quantize(cache)
         return logits[:, -1, :]
 
-    def prefill(self, tokens, hidden=None):
-        self._forward(mx.concatenate([self._pending, tokens]))
+    def prefill(self, cache, tokens, hidden=None, lengths=None):
+        self._forward(cache, mx.concatenate([self._pending, tokens[0]])[None])
         self._pending = mx.array([], mx.uint32)
 
-    def draft(self, y, num_draft, sample):
-        self._num_draft = max(num_draft, 0)
+    def draft(self, cache, inputs, num_draft, sample):
+        self._drafts = mx.zeros((1, 0), mx.uint32)
         if num_draft <= 0:
-            return mx.array([], mx.uint32), None
-        inputs, context, ys = mx.concatenate([self._pending, y]), y, []
+            return self._drafts, None
+        y = mx.concatenate([self._pending, inputs])[None]
+        context, ys = inputs[None], []
         for _ in range(num_draft):
-            inputs, _ = sample(self._forward(inputs), context)
-            context = mx.concatenate([context, inputs])
-            mx.async_eval(inputs)
-            ys.append(inputs)
-        self._drafts = mx.concatenate(ys)
+            y, _ = sample(self._forward(cache, y), context)
+            y = y[:, None]
+            context = mx.concatenate([context, y], axis=1)
+            mx.async_eval(y)
+            ys.append(y)
+        self._drafts = mx.concatenate(ys, axis=1)
         return self._drafts, None
 
-    def accept(self, num_accept, hidden=None):
-        # The model has processed y and every draft but the last.
-        trim_exactly(self.cache, max(self._num_draft - num_accept - 1, 0))
+    def accept(self, cache, accepted, hidden=None):
+        # The model has processed the input and every draft but the last.
+        num_draft, num_accept = self._drafts.shape[1], accepted[0]
+        trim_rows(cache, [max(num_draft - num_accept - 1, 0)])
         self._pending = mx.array([], mx.uint32)
-        if num_accept == self._num_draft > 0:
-            self._pending = self._drafts[-1:]
-        self._num_draft = 0
+        if num_accept == num_draft > 0:
+            self._pending = self._drafts[0, -1:]
 
-    def finish(self):
+    def finish(self, cache):
         if self._pending.size > 0:
-            self.prefill(mx.array([], mx.uint32))
-        mx.eval([c.state for c in self.cache])
+            self.prefill(cache, mx.zeros((1, 0), mx.uint32))
+        mx.eval([c.state for c in cache])
