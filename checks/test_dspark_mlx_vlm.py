@@ -228,9 +228,7 @@ def rounds(sizes=ROUNDS, seed=1):
         drafts, step_diff, prev = [], 0.0, mx.array([anchor])
         for i in range(block_size):
             logits = base[0, i : i + 1] + markov(prev)[0]
-            ref_step = draft_side.markov_head.apply_step_logits(
-                ref_base[:, i], prev
-            )
+            ref_step = draft_side.markov_head.apply_step_logits(ref_base[:, i], prev)
             step_diff = max(step_diff, (logits - ref_step).abs().max().item())
             prev = mx.argmax(logits, axis=-1)
             drafts.append(prev.item())
@@ -260,6 +258,7 @@ class TestDSparkAgainstMLXVLM(unittest.TestCase):
             self.assertLess(base_diff, TOLERANCE, (start, n))
         self.assertGreater(results[-1][2], 1e-3)
         self.assertGreater(rounds(sizes=(18,))[0][2], 1e-3)
+
 
 if __name__ == "__main__":
     if DRAFTER is None:

@@ -153,7 +153,9 @@ class TestDSparkWeights(unittest.TestCase):
     def test_loaded_only_where_asked_for(self):
         model, said = loaded(CONFIG, self.weights)
         self.assertEqual((model.mtp, model.dspark, said), ([], [], ""))
-        self.assertFalse(any("dspark" in k for k, _ in tree_flatten(model.parameters())))
+        self.assertFalse(
+            any("dspark" in k for k, _ in tree_flatten(model.parameters()))
+        )
         # A conversion that kept the drafter (this model's names).
         own = dict(tree_flatten(self.model.parameters()))
         model, said = loaded(CONFIG, own)

@@ -959,7 +959,7 @@ _DSPARK_KEYS = (
 
 
 def _drafter_kind(weights) -> Optional[str]:
-    """"MTP", "DSpark", "other" (mtp.* of neither) or None (no mtp.*)."""
+    """ "MTP", "DSpark", "other" (mtp.* of neither) or None (no mtp.*)."""
     if any(_DSPARK_KEY.search(k) for k in weights):
         return "DSpark"
     keys = [k for k in weights if _MTP_KEY.search(k)]

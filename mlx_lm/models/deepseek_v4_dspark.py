@@ -296,7 +296,10 @@ class DSparkDrafter(Drafter):
             return self._drafts, None
         # The block as trained: the anchor and block_size - 1 noise tokens.
         block = mx.concatenate(
-            [y.astype(mx.uint32), mx.full((self.block_size - 1,), self.noise, mx.uint32)]
+            [
+                y.astype(mx.uint32),
+                mx.full((self.block_size - 1,), self.noise, mx.uint32),
+            ]
         )
         offset = self.context.offset
         base, x = dspark_block(
