@@ -163,14 +163,15 @@ class TestDSparkWeights(unittest.TestCase):
         model, said = loaded(WITH_DSPARK, own)
         self.assertEqual(len(model.dspark), 3)
 
-    def test_mtp_weights_that_are_neither_say_so_in_one_line(self):
+    def test_mtp_weights_of_another_kind_say_so_in_one_line(self):
         target = {k: v for k, v in self.weights.items() if not k.startswith("mtp.")}
         other = {**target, "mtp.0.something.weight": mx.zeros((2, 2))}
         for config in (WITH_DSPARK, {**WITH_DSPARK, "dspark_target_layer_ids": None}):
             model, said = loaded(config, other)
             self.assertEqual((model.mtp, model.dspark), ([], []))
             self.assertEqual(len(said.strip().splitlines()), 1, said)
-            self.assertIn("neither", said)
+            self.assertIn("not a DeepSeek-V4 MTP block", said)
+            self.assertIn("nor a DSpark drafter", said)
         # DSpark weights, a config without dspark_*: an MTP block is looked
         # for, and the line names what the weights are.
         config = {**WITH_DSPARK, "dspark_target_layer_ids": None}

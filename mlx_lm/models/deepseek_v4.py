@@ -977,10 +977,10 @@ _DRAFTER_WHY = {
     "but its config has no dspark_target_layer_ids",
     ("MTP", "DSpark"): "The config describes a DSpark drafter (dspark_*), but "
     "the checkpoint's mtp.* weights are an MTP block (mtp.0.enorm)",
-    ("other", "MTP"): "The checkpoint's mtp.* weights are neither a DeepSeek-V4 "
+    ("other", "MTP"): "The checkpoint's mtp.* weights are not a DeepSeek-V4 "
     "MTP block (no mtp.0.enorm) nor a DSpark drafter (no mtp.0.main_proj "
     "and markov_head)",
-    ("other", "DSpark"): "The checkpoint's mtp.* weights are neither a DeepSeek-V4 "
+    ("other", "DSpark"): "The checkpoint's mtp.* weights are not a DeepSeek-V4 "
     "MTP block (no mtp.0.enorm) nor a DSpark drafter (no mtp.0.main_proj "
     "and markov_head)",
 }
