@@ -2,13 +2,23 @@
 
 import contextlib
 import io
+import json
+import re
+import subprocess
+import sys
 import tempfile
 import unittest
 from pathlib import Path
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
-from mlx_lm.generate import generate_step, speculative_generate_step
+from mlx_lm.generate import (
+    BatchGenerator,
+    batch_generate,
+    generate_step,
+    speculative_generate_step,
+    stream_generate,
+)
 
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
@@ -18,10 +28,9 @@ from mlx_lm.models.cache import (
     save_prompt_cache,
     trim_prompt_cache,
 )
-from mlx_lm.models.deepseek_v4_dspark import (
-    DSparkDrafter,
-    make_dspark_prompt_cache,
-)
+from mlx_lm.models.deepseek_v4_dspark import DSparkDrafter
+from mlx_lm.models.mtp_drafter import make_drafter
+from mlx_lm.utils import load
 
 # 0731-shaped and tiny: four layers, the taps after the last three, one
 # window-only compress_ratios entry per DSpark stage (three), and
@@ -95,8 +104,6 @@ _RELEASE = (
 
 
 def release_weights(model):
-    import re
-
     out = {}
     for name, value in tree_flatten(model.parameters()):
         if name.startswith("dspark."):
@@ -280,29 +287,42 @@ def reference_step_logits(model, taps, anchor, prevs):
 
 
 class Recording(DSparkDrafter):
-    """The drafter, recording each round's context length, anchor, step
-    logits and drafts; its drafts are the right tokens (``tokens``) but
-    after every fifth position, so rounds accept all, some or none."""
+    """The drafter, recording each round's rows (context length, anchor,
+    step logits, drafts) and acceptance; row b drafts its sequence's right
+    tokens (the one of ``sequences`` that holds its anchor at its position)
+    but after every fifth position, so rows accept all, some or none."""
 
-    def __init__(self, model, tokens, **kwargs):
+    def __init__(self, model, sequences, **kwargs):
         super().__init__(model, **kwargs)
-        self.tokens, self.rounds = tokens, []
+        self.sequences, self.rounds, self.accepted = sequences, [], []
 
-    def draft(self, y, num_draft, sample):
-        offset, steps = self.context.offset, []
+    def _sequence(self, offset, anchor):
+        found = [s for s in self.sequences if offset < len(s) and s[offset] == anchor]
+        return found[0] if found else None
 
-        def oracle(logits, context):
-            token, logprobs = sample(logits, context)
-            pos = offset + len(steps) + 1
-            right = self.tokens[pos] if pos < len(self.tokens) else 0
-            token = mx.array([right if pos % 5 else (right + 1) % 300], mx.uint32)
-            steps.append((logits, token.item()))
-            return token, logprobs
+    def draft(self, cache, inputs, num_draft, sample):
+        offsets, anchors = list(cache[0].offsets), inputs.tolist()
+        rows = [self._sequence(o, y) for o, y in zip(offsets, anchors)]
+        steps = []
 
-        drafts, logprobs = super().draft(y, num_draft, oracle)
+        def oracle(logits, tokens):
+            _, logprobs = sample(logits, tokens)
+            right = []
+            for o, seq in zip(offsets, rows):
+                pos = o + len(steps) + 1
+                r = seq[pos] if seq is not None and pos < len(seq) else 0
+                right.append(r if pos % 5 else (r + 1) % 300)
+            steps.append((logits, right))
+            return mx.array(right, mx.uint32), logprobs
+
+        drafts, logprobs = super().draft(cache, inputs, num_draft, oracle)
         if steps:
-            self.rounds.append((offset, y.item(), steps))
+            self.rounds.append((offsets, anchors, rows, steps))
         return drafts, logprobs
+
+    def accept(self, cache, accepted, hidden):
+        self.accepted.append(list(accepted))
+        super().accept(cache, accepted, hidden)
 
 
 def plain(model, prompt, max_tokens):
@@ -316,45 +336,87 @@ class TestDSparkSpeculative(unittest.TestCase):
         cls.model = make_model()
         cls.expected = plain(cls.model, PROMPT, 40)
         cls.tokens = PROMPT.tolist() + cls.expected
+        cls.taps = {}
 
-    def spec(self, model=None, max_tokens=40, **kwargs):
+    def spec(self, prompt=PROMPT, max_tokens=40, **kwargs):
         kwargs.setdefault("prefill_step_size", 16)
         steps = speculative_generate_step(
-            PROMPT, model or self.model, mtp=True, max_tokens=max_tokens, **kwargs
+            prompt, self.model, mtp=True, max_tokens=max_tokens, **kwargs
         )
         return list(steps)
 
+    def assert_reference(self, drafter):
+        """Every row's step logits of every round against the drafter
+        written out in this test over the target's states of one forward of
+        the row's whole sequence: the taps, the window, the positions, no
+        mask in the block, the Markov bias of the token before, and the
+        context extended by what the target kept. Returns the rounds."""
+        checked = 0
+        for offsets, anchors, rows, steps in drafter.rounds:
+            for b, (offset, anchor, seq) in enumerate(zip(offsets, anchors, rows)):
+                if seq is None or offset == 0:
+                    continue
+                key = tuple(seq)
+                if key not in self.taps:
+                    self.taps[key] = reference_taps(self.model, mx.array(seq))
+                prevs = [right[b] for _, right in steps]
+                taps = self.taps[key][:, :offset]
+                ref = reference_step_logits(self.model, taps, anchor, prevs)
+                for i, (logits, _) in enumerate(steps):
+                    with self.subTest(row=b, context=offset, draft=i):
+                        diff = (logits[b] - ref[i]).abs().max().item()
+                        self.assertLess(diff, 1e-4)
+                checked += 1
+        return checked
+
     def test_greedy_tokens_equal_plain_decoding(self):
+        self.assertIsInstance(make_drafter(self.model), DSparkDrafter)
         for k in (1, 3, 5, 8):
             with self.subTest(num_draft_tokens=k):
                 steps = self.spec(num_draft_tokens=k)
                 self.assertEqual([s[0] for s in steps], self.expected)
 
     def test_drafts_are_the_reference_computation(self):
-        # Each round's step logits against the drafter written out in this
-        # test over the target's states of one forward of the whole
-        # sequence: the taps, the window, the positions, no mask in the
-        # block, the Markov bias of the token before, and the context
-        # extended by what the target kept.
-        drafter = Recording(self.model, self.tokens)
+        drafter = Recording(self.model, [self.tokens])
         steps = self.spec(num_draft_tokens=5, drafter=drafter)
         self.assertEqual([s[0] for s in steps], self.expected)
-        accepted = sum(s[2] for s in steps)
-        self.assertGreater(accepted, 15)
-        taps = reference_taps(self.model, mx.array(self.tokens))
-        self.assertGreater(len(drafter.rounds), 5)
-        for offset, anchor, round_steps in drafter.rounds:
-            prevs = [t for _, t in round_steps]
-            ref = reference_step_logits(self.model, taps[:, :offset], anchor, prevs)
-            for i, (logits, _) in enumerate(round_steps):
-                with self.subTest(context=offset, draft=i):
-                    diff = (logits[0] - ref[i]).abs().max().item()
-                    self.assertLess(diff, 1e-4)
+        self.assertGreater(sum(s[2] for s in steps), 15)
+        self.assertGreater(self.assert_reference(drafter), 5)
+
+    def test_batch_rows_accept_their_own_counts(self):
+        # Rows of different lengths (one of a single token), each decoding
+        # what it decodes alone; each row's drafts are the reference's of
+        # its own context, which extends by its own count.
+        prompts = [PROMPT.tolist()[:n] for n in (30, 7, 1, 18)]
+        expected = [plain(self.model, mx.array(p), 24) for p in prompts]
+        drafter = Recording(self.model, [p + e for p, e in zip(prompts, expected)])
+        generator = BatchGenerator(
+            self.model,
+            drafter=drafter,
+            num_draft_tokens=4,
+            prefill_step_size=8,
+            stop_tokens=set(),
+        )
+        uids = generator.insert(prompts, max_tokens=[24] * 4)
+        got = {u: [] for u in uids}
+        while responses := generator.next_generated():
+            for r in responses:
+                got[r.uid].append(r.token)
+                if r.finish_reason is not None:
+                    # A finished row's cache: its drafter entry in step.
+                    self.assertEqual(
+                        r.prompt_cache[-1].size(), r.prompt_cache[0].size()
+                    )
+        generator.close()
+        self.assertEqual([got[u] for u in uids], expected)
+        self.assertTrue(any(len(set(a)) > 1 for a in drafter.accepted))
+        self.assertGreater(sum(map(sum, drafter.accepted)), 20)
+        self.assertGreater(self.assert_reference(drafter), 20)
 
     def test_a_prompt_cache_continues_in_step(self):
         # Saved and loaded between two requests, trimmed, then continued:
         # each is what plain decoding gives after the same tokens.
-        cache = make_prompt_cache(self.model) + make_dspark_prompt_cache(self.model)
+        cache = make_prompt_cache(self.model) + make_drafter(self.model).make_cache()
         first = self.spec(max_tokens=12, num_draft_tokens=4, prompt_cache=cache)
         self.assertEqual([s[0] for s in first], self.expected[:12])
         self.assertIsInstance(cache[-1], DSparkCache)
@@ -364,21 +426,40 @@ class TestDSparkSpeculative(unittest.TestCase):
             save_prompt_cache(path, cache)
             cache = load_prompt_cache(path)
         self.assertIsInstance(cache[-1], DSparkCache)
-        nxt = mx.array(self.expected[12:13])
-        steps = speculative_generate_step(
-            nxt, self.model, mtp=True, max_tokens=10, prompt_cache=cache
-        )
+        steps = self.spec(mx.array(self.expected[12:13]), 10, prompt_cache=cache)
         self.assertEqual([s[0] for s in steps], self.expected[13:23])
         # Drop 6 tokens and give them again.
         size = cache[0].size()
         self.assertEqual(trim_prompt_cache(cache, 6), 6)
         self.assertEqual(cache[-1].size(), size - 6)
         again = mx.array(self.tokens[size - 6 : size + 1])
-        steps = speculative_generate_step(
-            again, self.model, mtp=True, max_tokens=8, prompt_cache=cache
-        )
+        steps = self.spec(again, 8, prompt_cache=cache)
         n = size + 1 - len(PROMPT)
         self.assertEqual([s[0] for s in steps], self.expected[n : n + 8])
+
+    def test_a_batch_cache_round_trips_mid_decode(self):
+        prompts = [PROMPT.tolist(), PROMPT.tolist()[:9]]
+        generator = BatchGenerator(self.model, mtp=True, stop_tokens=set())
+        generator.insert(prompts, max_tokens=[30, 30])
+        for _ in range(4):
+            generator.next_generated()
+        batch = generator._generation_batch
+        with tempfile.TemporaryDirectory() as tmp:
+            path = str(Path(tmp) / "cache.safetensors")
+            save_prompt_cache(path, batch.prompt_cache)
+            loaded = load_prompt_cache(path)
+        saved = batch.prompt_cache[-1]
+        for field in ("offsets", "valid", "row_max_trim", "window", "history"):
+            self.assertEqual(getattr(loaded[-1], field), getattr(saved, field))
+        self.assertTrue(mx.array_equal(loaded[-1].kv, saved.kv))
+        # Row 0 taken out of the loaded batch continues alone.
+        cache = [c.extract(0) for c in loaded]
+        k = cache[0].size() - len(PROMPT)
+        nxt = batch._next_tokens[0].item()
+        generator.close()
+        self.assertEqual(nxt, self.expected[k])
+        steps = self.spec(mx.array([nxt]), 8, prompt_cache=cache)
+        self.assertEqual([s[0] for s in steps], self.expected[k + 1 : k + 9])
 
     def test_trims_are_exact_or_refused(self):
         c = DSparkCache(window=4, history=3)
@@ -386,30 +467,22 @@ class TestDSparkSpeculative(unittest.TestCase):
         c.push(rows[:, :, :5])
         self.assertEqual(c.max_trim, 5)
         c.push(rows[:, :, 5:12])
-        # 7 rows held (window 4 + history 3) of 12: 3 can go.
+        # 7 positions held (window 4 + history 3) of 12: 3 can go.
         self.assertEqual((c.rows, c.max_trim), (7, 3))
         self.assertEqual(c.trim(4), 0)
         self.assertEqual(c.trim(2), 2)
-        self.assertEqual(c.window_keys()[0, 0, :, 0].tolist(), [6.0, 7, 8, 9])
+        self.assertEqual(c.window_keys()[0][0, 0, :, 0].tolist(), [6.0, 7, 8, 9])
         self.assertEqual(c.max_trim, 1)
-
-    def test_cache_graph_stays_bounded(self):
-        def edges(a):
-            f = io.StringIO()
-            mx.export_to_dot(f, a)
-            return f.getvalue().count("->")
-
-        cache = make_prompt_cache(self.model) + make_dspark_prompt_cache(self.model)
-        counts = []
-        steps = speculative_generate_step(
-            PROMPT, self.model, mtp=True, max_tokens=300, prompt_cache=cache
-        )
-        for i, _ in enumerate(steps):
-            if i % 50 == 49:
-                counts.append(edges(cache[-1].kv))
-        self.assertEqual(len(counts), 6)
-        self.assertLessEqual(max(counts), 8, counts)
-        self.assertLessEqual(cache[-1].rows, 8 + cache[-1].history)
+        # Rows of their own lengths, each trimmed by its own count.
+        b = DSparkCache.merge([c, DSparkCache(window=4, history=3)])
+        b.push(mx.arange(6.0).reshape(1, 2, 3, 1) + 20, [1, 3])
+        self.assertEqual((b.offsets, b.row_max_trim), ([11, 3], [2, 3]))
+        keys, mask = b.window_keys()
+        self.assertEqual(mask.tolist(), [[True] * 4, [False, True, True, True]])
+        self.assertEqual(keys[0, :, 1:, 0].tolist(), [[8, 9, 20], [23, 24, 25]])
+        self.assertFalse(b.trim_rows([3, 0]))
+        self.assertTrue(b.trim_rows([2, 1]))
+        self.assertEqual(b.extract(1).window_keys()[0][0, 0, :, 0].tolist(), [23, 24])
 
     def test_the_confidence_head_cuts_a_round(self):
         # Threshold 1: every round stops at its second draft (one drafted);
@@ -422,6 +495,81 @@ class TestDSparkSpeculative(unittest.TestCase):
             self.assertEqual(max(lengths), most)
             confidences = [c.item() for r in drafter.confidences for c in r]
             self.assertTrue(all(0.0 < c < 1.0 for c in confidences))
+
+
+# transformers' config (the tokenizer's load reads it) knows ratios 0, 4, 128.
+FOLDER_CONFIG = {**CONFIG, "compress_ratios": [0, 4, 128, 4, 0, 0, 0]}
+
+
+def make_folder(path, config=FOLDER_CONFIG):
+    """A tiny 0731-shaped checkpoint folder: the target in this model's
+    names, the drafter in DeepSeek's (``mtp.0..2``), a byte-level BPE
+    tokenizer."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    from mlx_lm.chat_templates.deepseek_v4 import special_tokens
+
+    path.mkdir(parents=True)
+    model = make_model({**config, "mtp": True})
+    # Zero logits for BOS and EOS, so greedy decoding runs to the limit.
+    model.lm_head.weight[:2] = 0.0
+    mx.save_safetensors(str(path / "model.safetensors"), release_weights(model))
+    (path / "config.json").write_text(json.dumps(config))
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=config["vocab_size"] - 1,
+        special_tokens=list(special_tokens),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+    )
+    tokenizer.train_from_iterator(
+        ["The quick brown fox jumps over the dog."] * 8, trainer
+    )
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer,
+        bos_token=special_tokens[0],
+        eos_token=special_tokens[1],
+    )
+    fast.save_pretrained(path)
+    return path
+
+
+class TestDSparkCommands(unittest.TestCase):
+
+    def test_generate_with_mtp_drafts_with_dspark(self):
+        prompt = "The quick brown fox"
+        with tempfile.TemporaryDirectory() as tmp:
+            path = make_folder(Path(tmp) / "0731")
+            model, tokenizer = load(str(path), model_config={"mtp": True})
+            self.assertEqual((len(model.dspark), model.mtp), (3, []))
+            texts = [
+                "".join(
+                    r.text
+                    for r in stream_generate(
+                        model, tokenizer, prompt, max_tokens=20, mtp=mtp
+                    )
+                )
+                for mtp in (False, True)
+            ]
+            self.assertEqual(texts[0], texts[1])
+            prompts = [tokenizer.encode(p) for p in (prompt, "Hello", "A b c d e")]
+            out = [
+                batch_generate(model, tokenizer, prompts, max_tokens=12, mtp=mtp).texts
+                for mtp in (False, True)
+            ]
+            self.assertEqual(out[0], out[1])
+            cmd = [sys.executable, "-m", "mlx_lm", "generate", "--model", str(path)]
+            cmd += ["--prompt", prompt, "--max-tokens", "20", "--ignore-chat-template"]
+            run = subprocess.run(
+                cmd + ["--mtp", "--num-draft-tokens", "3"],
+                capture_output=True,
+                text=True,
+                timeout=300,
+            )
+            self.assertEqual(run.returncode, 0, run.stderr)
+            self.assertIn(texts[0], run.stdout)
 
 
 if __name__ == "__main__":

@@ -1036,6 +1036,17 @@ class Model(nn.Module):
             return self.lm_head(out[0]), out[1]
         return self.lm_head(out)
 
+    def make_drafter(self):
+        """What ``mtp=True`` drafts with: the DSpark drafter where the
+        checkpoint carries one, else the MTP block."""
+        if self.dspark:
+            from .deepseek_v4_dspark import DSparkDrafter
+
+            return DSparkDrafter(self)
+        from .mtp_drafter import MTPDrafter
+
+        return MTPDrafter(self)
+
     def make_mtp_cache(self) -> List[WindowCompressorCache]:
         return [self._layer_cache(self.mtp[0].attn.kind)] if self.mtp else []
 

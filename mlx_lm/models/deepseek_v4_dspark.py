@@ -96,13 +96,14 @@ class DSparkAttention(nn.Module):
         self.attn_sink = mx.zeros((self.n_heads,), dtype=mx.float32)
         self._periods = _rope_periods(args)
 
-    def keys(self, x: mx.array, offset: int) -> mx.array:
+    def keys(self, x: mx.array, offset) -> mx.array:
         """The keys [B, L, head_dim] of states x [B, L, D] from ``offset``."""
         return _rope(self.kv_norm(self.wkv(x)), self._periods, offset)
 
-    def __call__(self, x: mx.array, context: mx.array, offset: int) -> mx.array:
+    def __call__(self, x: mx.array, context: mx.array, offset, mask=None) -> mx.array:
         """The block x [B, L, D] at positions ``offset`` on, over the
-        ``context`` keys [B, W, head_dim] and its own, no mask."""
+        ``context`` keys [B, W, head_dim] and its own, with no mask inside
+        the block (``mask``: the context keys each row has)."""
         B, L, _ = x.shape
         q = self.wq_b(self.q_norm(self.wq_a(x)))
         q = q.reshape(B, L, self.n_heads, self.head_dim)
@@ -114,7 +115,7 @@ class DSparkAttention(nn.Module):
             keys,
             keys,
             scale=self.scale,
-            mask=None,
+            mask=mask,
             sinks=self.attn_sink.astype(q.dtype),
         )
         # Undo the keys' rotation at the query positions.
@@ -180,9 +181,9 @@ class DSparkStage(nn.Module):
             self.markov_head = MarkovHead(args.vocab_size, rank)
             self.confidence_head = ConfidenceHead(dims + rank)
 
-    def __call__(self, h, context, offset, input_ids):
+    def __call__(self, h, context, offset, input_ids, mask=None):
         x, post, comb = self.attn_hc.collapse(h)
-        x = self.attn(self.attn_norm(x), context, offset)
+        x = self.attn(self.attn_norm(x), context, offset, mask)
         h = self.attn_hc.expand(x, h, post, comb)
         x, post, comb = self.ffn_hc.collapse(h)
         x = self.ffn(self.ffn_norm(x), input_ids)
@@ -200,24 +201,32 @@ def dspark_taps(streams: List[mx.array]) -> mx.array:
     return mx.concatenate([h.mean(axis=2) for h in streams], axis=-1)
 
 
-def dspark_context(model, taps: mx.array, offset: int) -> mx.array:
+def dspark_context(model, taps: mx.array, offset) -> mx.array:
     """Every stage's context keys [stages, B, L, head_dim] of the target's
-    ``taps`` [B, L, n * D] at positions ``offset`` on."""
+    ``taps`` [B, L, n * D] at positions ``offset`` on (an int, or each
+    row's [B])."""
     first = model.dspark[0]
     main_x = first.main_norm(first.main_proj(taps))
     return mx.stack([s.attn.keys(main_x, offset) for s in model.dspark])
 
 
-def dspark_block(model, block: mx.array, context: mx.array, offset: int):
+def dspark_block(
+    model, block: mx.array, context: mx.array, offset, mask: Optional[mx.array] = None
+):
     """The base logits [B, L, V] of the query ``block`` [B, L] at positions
-    ``offset`` on over each stage's ``context`` keys [stages, B, W, D],
-    and the last stage's mixed state [B, L, D] (the confidence head's)."""
+    ``offset`` on (an int, or each row's [B]) over each stage's ``context``
+    keys [stages, B, W, D] (``mask`` [B, W]: the ones each row has; None:
+    all), and the last stage's mixed state [B, L, D] (the confidence
+    head's)."""
     embeds = model.model.embed_tokens(block)
     B, L, D = embeds.shape
+    if mask is not None:
+        own = mx.ones((B, L), mx.bool_)
+        mask = mx.concatenate([mask, own], axis=1)[:, None, None]
     hc = model.args.hc_mult
     h = mx.broadcast_to(embeds[:, :, None], (B, L, hc, D))
     for stage, keys in zip(model.dspark, context):
-        h = stage(h, keys, offset, block)
+        h = stage(h, keys, offset, block, mask)
     last = model.dspark[-1]
     x = last.hc_head(h)
     return model.lm_head(last.norm(x)), x
@@ -246,88 +255,89 @@ def check_dspark_cache(model_cache: List[Any], cache: List[Any]):
     ):
         raise ValueError(
             "Drafting with DSpark needs the prompt cache's DSpark entry in "
-            "step with the model's (make_dspark_prompt_cache)."
+            "step with the model's (make_dspark_prompt_cache, filled by "
+            "mtp=True)."
         )
 
 
 class DSparkDrafter(Drafter):
-    """Drafts with the target's DSpark drafter (``model.dspark``): up to
-    ``dspark_block_size`` drafts from one forward of the stages over the
-    query block, then the Markov head draft by draft. ``cache`` is one
-    ``DSparkCache``, in step with the target's caches: the context extends
-    with the target's states of the positions it keeps.
+    """Drafts with the target's DSpark drafter (``model.dspark``) for the
+    rows of its cache (one ``DSparkCache``, in step with the target's
+    caches): up to ``dspark_block_size`` drafts a row from one forward of
+    the stages over each row's query block, then the Markov head draft by
+    draft. Each row's context extends with the target's states of the
+    positions it keeps (its input and its own count of accepted drafts).
 
-    ``confidence``: stop drafting at the first draft whose confidence head
-    says below it (None: the head is not read)."""
+    ``confidence``: stop drafting at the first draft (after the first)
+    whose confidence head says below it for every row (None: the head is
+    not read)."""
 
     return_hidden = True
 
-    def __init__(
-        self,
-        model: nn.Module,
-        cache: Optional[List[Any]] = None,
-        model_cache: Optional[List[Any]] = None,
-        confidence: Optional[float] = None,
-    ):
+    def __init__(self, model: nn.Module, confidence: Optional[float] = None):
         check_dspark(model)
         self.model = model
-        self.cache = make_dspark_prompt_cache(model) if cache is None else cache
-        if model_cache is not None:
-            check_dspark_cache(model_cache, self.cache)
-        self.context = self.cache[0]
         self.block_size = model.args.dspark_block_size
         self.noise = model.args.dspark_noise_token_id
         self.confidence = confidence
-        self._drafts = mx.array([], mx.uint32)
-        # Per round: the drafts' confidences (for measuring the head).
+        # Per round: the drafts' confidences [B] (for measuring the head).
         self.confidences = []
 
-    def _extend(self, hidden):
-        keys = dspark_context(self.model, hidden, self.context.offset)
-        self.context.push(keys)
+    def make_cache(self):
+        return make_dspark_prompt_cache(self.model)
 
-    def prefill(self, tokens, hidden):
-        self._extend(hidden)
+    def check_cache(self, model_cache, cache):
+        check_dspark_cache(model_cache, cache)
 
-    def draft(self, y, num_draft, sample):
-        self._drafts = mx.array([], mx.uint32)
+    @staticmethod
+    def _offset(context):
+        offsets = context.offsets
+        return offsets[0] if len(offsets) == 1 else mx.array(offsets)
+
+    def _extend(self, context, hidden, counts):
+        keys = dspark_context(self.model, hidden, self._offset(context))
+        context.push(keys, counts)
+
+    def prefill(self, cache, tokens, hidden, lengths):
+        self._extend(cache[0], hidden, lengths)
+
+    def draft(self, cache, inputs, num_draft, sample):
+        context = cache[0]
+        B = inputs.shape[0]
         n = min(num_draft, self.block_size)
-        if n <= 0 or self.context.empty():
-            return self._drafts, None
+        if n <= 0 or context.size() == 0:
+            return mx.zeros((B, 0), mx.uint32), None
         # The block as trained: the anchor and block_size - 1 noise tokens.
-        block = mx.concatenate(
-            [
-                y.astype(mx.uint32),
-                mx.full((self.block_size - 1,), self.noise, mx.uint32),
-            ]
-        )
-        offset = self.context.offset
-        base, x = dspark_block(
-            self.model, block[None], self.context.window_keys(), offset
-        )
-        markov = self.model.dspark[-1].markov_head
-        conf_head = self.model.dspark[-1].confidence_head
-        ys, logprobs, confs, prev, context = [], [], [], y, y
+        # A row with no context yet (a one-token prompt in a batch) drafts
+        # from its block alone.
+        y = inputs.astype(mx.uint32)
+        noise = mx.full((B, self.block_size - 1), self.noise, mx.uint32)
+        block = mx.concatenate([y[:, None], noise], axis=1)
+        keys, mask = context.window_keys()
+        base, x = dspark_block(self.model, block, keys, self._offset(context), mask)
+        last = self.model.dspark[-1]
+        ys, logprobs, confs, prev, tokens = [], [], [], y, y[:, None]
         for i in range(n):
-            bias, e = markov(prev)
+            bias, e = last.markov_head(prev)
             if self.confidence is not None:
-                c = conf_head(x[0, i : i + 1], e)
+                c = last.confidence_head(x[:, i], e)
                 confs.append(c)
-                if c.item() < self.confidence and i > 0:
+                if i > 0 and (c < self.confidence).all().item():
                     break
-            prev, lp = sample(base[0, i : i + 1] + bias, context)
-            context = mx.concatenate([context, prev])
+            prev, lp = sample(base[:, i] + bias, tokens)
+            prev = prev.astype(mx.uint32)
+            tokens = mx.concatenate([tokens, prev[:, None]], axis=1)
             mx.async_eval(prev)
             ys.append(prev)
             logprobs.append(lp)
         self.confidences.append(confs)
-        self._drafts = mx.concatenate(ys)
-        return self._drafts, mx.concatenate(logprobs)
+        return mx.stack(ys, axis=1), mx.stack(logprobs, axis=1)
 
-    def accept(self, num_accept, hidden):
-        # The target's states of its input and the kept drafts.
-        self._extend(hidden[:, : num_accept + 1])
-        mx.eval(self.context.kv)
+    def accept(self, cache, accepted, hidden):
+        # The target's states of each row's input and its kept drafts.
+        context = cache[0]
+        self._extend(context, hidden, [m + 1 for m in accepted])
+        mx.async_eval(context.kv)
 
-    def finish(self):
-        mx.eval([c.state for c in self.cache])
+    def finish(self, cache):
+        mx.eval([c.state for c in cache])

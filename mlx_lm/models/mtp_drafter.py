@@ -1,7 +1,8 @@
 # Copyright © 2026 Apple Inc.
 
 """DeepSeek-V4's multi-token prediction block as a drafter, for
-``speculative_generate_step`` (one row) and ``BatchGenerator`` (many)."""
+``speculative_generate_step`` (one row) and ``BatchGenerator`` (many), and
+``make_drafter``: what ``mtp=True`` drafts with."""
 
 from typing import Any, List, Optional
 
@@ -23,6 +24,19 @@ def check_mtp(model: nn.Module, draft_model: Optional[nn.Module] = None):
             "with: its checkpoint has none, or it was loaded without it "
             '(load(..., model_config={"mtp": True}) loads it).'
         )
+
+
+def make_drafter(model: nn.Module, draft_model: Optional[nn.Module] = None) -> Drafter:
+    """What ``mtp=True`` drafts with: the drafting block the model's
+    checkpoint carries, loaded with ``load(..., model_config={"mtp":
+    True})``. A model that knows its block gives its drafter
+    (``model.make_drafter()``; DeepSeek-V4: its MTP block, or on
+    V4-Flash-0731 / V4-Pro-0813 its DSpark drafter); otherwise the MTP
+    block's (``MTPDrafter``). Raises a ValueError where there is none."""
+    if draft_model is not None:
+        raise ValueError("Drafting with MTP and a draft model are exclusive.")
+    make = getattr(model, "make_drafter", None)
+    return make() if callable(make) else MTPDrafter(model)
 
 
 def make_mtp_prompt_cache(model: nn.Module) -> List[Any]:
