@@ -19,6 +19,7 @@ from mlx_lm.generate import (
     speculative_generate_step,
     stream_generate,
 )
+from mlx_lm.utils import load
 
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
@@ -30,7 +31,6 @@ from mlx_lm.models.cache import (
 )
 from mlx_lm.models.deepseek_v4_dspark import DSparkDrafter
 from mlx_lm.models.mtp_drafter import make_drafter
-from mlx_lm.utils import load
 
 # 0731-shaped and tiny: four layers, the taps after the last three, one
 # window-only compress_ratios entry per DSpark stage (three), and

@@ -1036,16 +1036,17 @@ class Model(nn.Module):
             return self.lm_head(out[0]), out[1]
         return self.lm_head(out)
 
-    def make_drafter(self):
-        """What ``mtp=True`` drafts with: the DSpark drafter where the
-        checkpoint carries one, else the MTP block."""
+    @property
+    def drafter_class(self):
+        """The drafter ``mtp=True`` makes of this model: the DSpark drafter's
+        where the checkpoint carries one, else the MTP block's."""
         if self.dspark:
             from .deepseek_v4_dspark import DSparkDrafter
 
-            return DSparkDrafter(self)
+            return DSparkDrafter
         from .mtp_drafter import MTPDrafter
 
-        return MTPDrafter(self)
+        return MTPDrafter
 
     def make_mtp_cache(self) -> List[WindowCompressorCache]:
         return [self._layer_cache(self.mtp[0].attn.kind)] if self.mtp else []

@@ -151,9 +151,11 @@ class DSparkCache(DrafterCache):
         if shape is not None:
             dtype = next(c.kv.dtype for c in caches if c.kv is not None)
             parts = [
-                c.kv
-                if c.kv is not None
-                else mx.zeros((shape[0], len(c.offsets), *shape[2:]), dtype)
+                (
+                    c.kv
+                    if c.kv is not None
+                    else mx.zeros((shape[0], len(c.offsets), *shape[2:]), dtype)
+                )
                 for c in caches
             ]
             self.kv = mx.concatenate(parts, axis=1)

@@ -29,14 +29,13 @@ def check_mtp(model: nn.Module, draft_model: Optional[nn.Module] = None):
 def make_drafter(model: nn.Module, draft_model: Optional[nn.Module] = None) -> Drafter:
     """What ``mtp=True`` drafts with: the drafting block the model's
     checkpoint carries, loaded with ``load(..., model_config={"mtp":
-    True})``. A model that knows its block gives its drafter
-    (``model.make_drafter()``; DeepSeek-V4: its MTP block, or on
-    V4-Flash-0731 / V4-Pro-0813 its DSpark drafter); otherwise the MTP
-    block's (``MTPDrafter``). Raises a ValueError where there is none."""
+    True})``: the class the model names (``model.drafter_class``;
+    DeepSeek-V4: its MTP block's, or on V4-Flash-0731 / V4-Pro-0813 its
+    DSpark drafter's), else the MTP block's (``MTPDrafter``), made of
+    ``model``. Raises a ValueError where there is none."""
     if draft_model is not None:
         raise ValueError("Drafting with MTP and a draft model are exclusive.")
-    make = getattr(model, "make_drafter", None)
-    return make() if callable(make) else MTPDrafter(model)
+    return getattr(model, "drafter_class", MTPDrafter)(model)
 
 
 def make_mtp_prompt_cache(model: nn.Module) -> List[Any]:
