@@ -28,6 +28,7 @@ from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import load
 
 from mlx_lm import cache_prompt, server
+from mlx_lm.chat_templates.deepseek_v4 import bos_token, eos_token, special_tokens
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
     BatchMTPCache,
@@ -112,23 +113,16 @@ def make_model_folder(path, config=CONFIG):
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    bos, eos = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
     trainer = trainers.BpeTrainer(
         vocab_size=config["vocab_size"],
-        special_tokens=[
-            bos,
-            eos,
-            "<｜User｜>",
-            "<｜Assistant｜>",
-            "<think>",
-            "</think>",
-        ],
+        # The chat format's tokens, checked at load (BOS and EOS first).
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(["The quick brown fox jumps over. " * 4], trainer)
     PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token=bos, eos_token=eos
+        tokenizer_object=tokenizer, bos_token=bos_token, eos_token=eos_token
     ).save_pretrained(path)
     return path
 
@@ -388,22 +382,11 @@ class TestMTPBatch(unittest.TestCase):
     def decode(self, model, max_tokens, num_draft_tokens):
         """Each request's responses from a BatchGenerator with MTP, and the
         tokens each got in each round."""
-        generator = BatchGenerator(
-            model,
-            mtp=True,
-            num_draft_tokens=num_draft_tokens,
-            prefill_step_size=16,
-            stop_tokens=set(),
-        )
-        names = dict(
-            zip(
-                generator.insert(
-                    [self.prompts[k] for k in max_tokens],
-                    max_tokens=list(max_tokens.values()),
-                ),
-                max_tokens,
-            )
-        )
+        kwargs = {"num_draft_tokens": num_draft_tokens, "prefill_step_size": 16}
+        generator = BatchGenerator(model, mtp=True, stop_tokens=set(), **kwargs)
+        prompts = [self.prompts[k] for k in max_tokens]
+        uids = generator.insert(prompts, max_tokens=list(max_tokens.values()))
+        names = dict(zip(uids, max_tokens))
         results, rounds = {k: [] for k in max_tokens}, []
         while responses := generator.next_generated():
             counts = {}

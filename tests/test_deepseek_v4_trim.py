@@ -17,6 +17,7 @@ from mlx_lm.generate import speculative_generate_step, stream_generate
 from mlx_lm.utils import load
 
 from mlx_lm import server
+from mlx_lm.chat_templates.deepseek_v4 import bos_token, eos_token, special_tokens
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
     TRIM_HISTORY,
@@ -97,23 +98,16 @@ def make_tiny_model_folder(path, seed=0):
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tokenizer.decoder = decoders.ByteLevel()
-    bos, eos = "<｜begin▁of▁sentence｜>", "<｜end▁of▁sentence｜>"
     trainer = trainers.BpeTrainer(
         vocab_size=CONFIG["vocab_size"],
-        special_tokens=[
-            bos,
-            eos,
-            "<｜User｜>",
-            "<｜Assistant｜>",
-            "<think>",
-            "</think>",
-        ],
+        # The chat format's tokens, checked at load (BOS and EOS first).
+        special_tokens=list(special_tokens),
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
         show_progress=False,
     )
     tokenizer.train_from_iterator(["The quick brown fox jumps over. " * 4], trainer)
     PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer, bos_token=bos, eos_token=eos
+        tokenizer_object=tokenizer, bos_token=bos_token, eos_token=eos_token
     ).save_pretrained(path)
     return path
 
