@@ -9,7 +9,7 @@ Compared, round after round as the context grows (accepted positions of 1
 to 5 tokens): the block's base logits over [anchor, noise x 4], the Markov
 step logits of each draft and the greedy drafts. The drafter is imported
 from the unpacked wheel (``MLX_VLM_SRC``, else ``build/mlx-vlm``); without
-it the check skips (unpacking: see tools/test_mtp_mlx_vlm.py).
+it the check skips (unpacking: see checks/test_mtp_mlx_vlm.py).
 
 Where the two differ on purpose: the context window. DeepSeek's reference
 attends to the last ``sliding_window`` context positions; mlx-vlm's

@@ -1,40 +1,34 @@
 # Copyright © 2026 Apple Inc.
 
 import contextlib
+import http.client
 import io
 import json
-import re
-import subprocess
 import sys
 import tempfile
 import threading
 import unittest
+from http.server import ThreadingHTTPServer
 from pathlib import Path
 from unittest import mock
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
+import numpy as np
+from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.generate import (
     BatchGenerator,
-    SpeculativeGenerationBatch,
-    batch_generate,
     generate_step,
+)
+from mlx_lm.generate import main as generate_main
+from mlx_lm.generate import (
     speculative_generate_step,
     stream_generate,
 )
 from mlx_lm.sample_utils import make_sampler
-from mlx_lm.utils import load, load_model, quantize_model, save_config, save_model
-from test_deepseek_v4 import (
-    GRAPH_BOUND,
-    TINY_CONFIG,
-    graph_edges,
-    make_tiny_model,
-    make_tiny_model_folder,
-    max_cache_graph,
-)
-from test_server_requests import ServerThread
+from mlx_lm.utils import load
 
 from mlx_lm import cache_prompt, server
+from mlx_lm.chat_templates.deepseek_v4 import bos_token, eos_token, special_tokens
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
     BatchMTPCache,
@@ -46,160 +40,104 @@ from mlx_lm.models.cache import (
     save_prompt_cache,
     trim_prompt_cache,
 )
-from mlx_lm.models.mtp_drafter import MTPDrafter, make_mtp_prompt_cache
+from mlx_lm.models.mtp_drafter import make_mtp_prompt_cache
 
-# A checkpoint with an MTP block, loaded with it ("mtp"; a folder written
-# from it has the block's weights and the checkpoint's config alone).
-MTP_CONFIG = {**TINY_CONFIG, "num_nextn_predict_layers": 1, "mtp": True}
-WITH_MTP = {"mtp": True}
+# A CSA and an HCA layer (the first with hashed experts), in transformers'
+# schema, and the MTP block (window only); "mtp" loads the block.
+CONFIG = {
+    "model_type": "deepseek_v4",
+    "vocab_size": 300,
+    "hidden_size": 32,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "head_dim": 32,
+    "qk_rope_head_dim": 8,
+    "q_lora_rank": 24,
+    "o_groups": 2,
+    "o_lora_rank": 16,
+    "sliding_window": 32,
+    "moe_intermediate_size": 16,
+    "n_routed_experts": 8,
+    "num_experts_per_tok": 2,
+    "index_n_heads": 8,
+    "index_head_dim": 16,
+    "index_topk": 8,
+    "layer_types": ["compressed_sparse_attention", "heavily_compressed_attention"],
+    "compress_rates": {
+        "compressed_sparse_attention": 4,
+        "heavily_compressed_attention": 16,
+    },
+    "mlp_layer_types": ["hash_moe", "moe"],
+    "max_position_embeddings": 256,
+    "bos_token_id": 0,
+    "eos_token_id": 1,
+    "num_nextn_predict_layers": 1,
+    "mtp": True,
+}
 PROMPT = mx.array([5, 17, 33, 2, 61, 40, 7, 7, 12, 50, 3, 28, 44, 19, 8] * 3)
 
-# DeepSeek's release names of the MTP block, from this model's.
-_RELEASE_NAMES = (
-    (r"\.hc_head\.", ".hc_head_"),
-    (r"\.(attn|ffn)_hc\.", r".hc_\1_"),
-    (r"\.e_score_correction_bias$", ".bias"),
-    (r"\.gate_proj\.", ".w1."),
-    (r"\.down_proj\.", ".w2."),
-    (r"\.up_proj\.", ".w3."),
-)
 
-
-def release_mtp_weights(model):
-    """The model's MTP block under DeepSeek's names, one tensor per expert."""
-    out = {}
-    for name, value in tree_flatten(model.parameters()):
-        if not name.startswith("mtp."):
-            continue
-        for old, new in _RELEASE_NAMES:
-            name = re.sub(old, new, name)
-        if ".switch_mlp." in name:
-            for e in range(value.shape[0]):
-                out[name.replace(".switch_mlp.", f".experts.{e}.")] = value[e]
-        else:
-            out[name] = value
-    return out
-
-
-def target_weights(model):
-    return {k: v for k, v in tree_flatten(model.parameters()) if "mtp." not in k}
-
-
-def loaded(config, weights):
+def make_model(config=CONFIG, seed=0):
+    """The model with random weights (the defaults are mostly zeros)."""
     model = deepseek_v4.Model(deepseek_v4.ModelArgs.from_dict(config))
-    model.load_weights(list(model.sanitize(weights).items()))
+    mx.random.seed(seed)
+    params = []
+    for k, v in tree_flatten(model.parameters()):
+        if k.endswith("tid2eid"):
+            v = mx.random.randint(0, 8, v.shape).astype(v.dtype)
+        elif k.endswith("norm.weight"):
+            v = 1.0 + 0.1 * mx.random.normal(v.shape)
+        else:
+            v = 0.2 * mx.random.normal(v.shape)
+        params.append((k, v))
+    model.update(tree_unflatten(params))
+    mx.eval(model.parameters())
     return model
 
 
-class TestMTPWeights(unittest.TestCase):
+def make_model_folder(path, config=CONFIG):
+    """A model folder (config, weights, tokenizer) with the MTP block."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
 
-    @classmethod
-    def setUpClass(cls):
-        cls.model = make_tiny_model(MTP_CONFIG)
-
-    def test_released_names_load_into_the_block(self):
-        weights = {**target_weights(self.model), **release_mtp_weights(self.model)}
-        self.assertIn("mtp.0.hc_head_fn", weights)
-        self.assertIn("mtp.0.ffn.experts.7.w2.weight", weights)
-        model = loaded(MTP_CONFIG, weights)
-        expected = dict(tree_flatten(self.model.parameters()))
-        got = dict(tree_flatten(model.parameters()))
-        self.assertEqual(set(got), set(expected))
-        for name, value in got.items():
-            self.assertTrue(mx.array_equal(value, expected[name]), name)
-        # The block is a DeepSeek-V4 layer: routed (not hashed) experts, and
-        # its attention from the last `compress_ratios` entry.
-        self.assertIn("mtp.0.ffn.gate.e_score_correction_bias", got)
-        self.assertNotIn("mtp.0.ffn.gate.tid2eid", got)
-        self.assertEqual(model.mtp[0].attn.kind, deepseek_v4.SLIDING)
-        config = {**MTP_CONFIG, "layer_types": None}
-        config["compress_ratios"] = [0, 4, 16, 4, 16]
-        model = deepseek_v4.Model(deepseek_v4.ModelArgs.from_dict(config))
-        self.assertEqual(model.mtp[0].attn.kind, deepseek_v4.HCA)
-        self.assertEqual(len(model.layers), 4)
-
-    def test_counted_in_the_model_memory(self):
-        def nbytes(model):
-            return sum(v.nbytes for _, v in tree_flatten(model.parameters()))
-
-        plain = make_tiny_model(TINY_CONFIG)
-        block = sum(
-            v.nbytes
-            for k, v in tree_flatten(self.model.parameters())
-            if k.startswith("mtp.0.")
-        )
-        self.assertGreater(block, 0)
-        self.assertEqual(nbytes(self.model), nbytes(plain) + block)
-
-    def test_loaded_only_where_asked_for(self):
-        # A folder with the block: load() holds the parameters of the model
-        # without it; model_config={"mtp": True} (what --mtp passes) adds it.
-        def sizes(model):
-            return {k: v.nbytes for k, v in tree_flatten(model.parameters())}
-
-        with tempfile.TemporaryDirectory() as tmp:
-            path = make_tiny_model_folder(Path(tmp) / "mtp", MTP_CONFIG)
-            saved = mx.load(str(path / "model.safetensors"))
-            self.assertTrue(any(k.startswith("mtp.0.") for k in saved))
-            plain, _ = load(str(path))
-            with_block, _ = load(str(path), model_config=WITH_MTP)
-        expected = sizes(make_tiny_model(TINY_CONFIG))
-        self.assertEqual(sizes(plain), expected)
-        self.assertEqual(plain.mtp, [])
-        got = sizes(with_block)
-        block = {k for k in got if k.startswith("mtp.0.")}
-        self.assertEqual(block, {k for k in saved if k.startswith("mtp.0.")})
-        self.assertEqual({k: got[k] for k in got.keys() - block}, expected)
-
-    def test_skipped_where_absent_or_not_asked_for(self):
-        weights = target_weights(self.model)
-        # A checkpoint without the block (transformers' save_pretrained
-        # drops it).
-        model = loaded(MTP_CONFIG, weights)
-        self.assertEqual(model.mtp, [])
-        self.assertEqual(model.make_mtp_cache(), [])
-        # The user does not ask for it, or the config says there is none:
-        # the block's weights are not loaded.
-        with_block = {**weights, **release_mtp_weights(self.model)}
-        for change in ({"mtp": False}, {"num_nextn_predict_layers": 0}):
-            model = loaded({**MTP_CONFIG, **change}, with_block)
-            self.assertEqual(model.mtp, [])
-        # Another kind of drafter under mtp.* (V4.1's) loads without it, and
-        # says so in one line.
-        other = {**weights, "mtp.0.blocks.0.attn.wq.weight": mx.zeros((4, 4))}
-        out = io.StringIO()
-        with contextlib.redirect_stdout(out):
-            model = loaded(MTP_CONFIG, other)
-        self.assertEqual(model.mtp, [])
-        self.assertEqual(len(out.getvalue().strip().splitlines()), 1)
-        self.assertIn("not a DeepSeek-V4 MTP block", out.getvalue())
-
-    def test_quantized_with_the_model_and_saved(self):
-        model = make_tiny_model(MTP_CONFIG)
-        config = dict(MTP_CONFIG)
-        model, config = quantize_model(model, config, 32, 8)
-        self.assertEqual(model.mtp[0].e_proj.bits, 8)
-        self.assertEqual(model.mtp[0].ffn.switch_mlp.gate_proj.bits, 8)
-        with tempfile.TemporaryDirectory() as tmp:
-            save_model(tmp, model)
-            save_config(config, Path(tmp) / "config.json")
-            again, _ = load_model(Path(tmp))
-        self.assertEqual(again.mtp[0].e_proj.bits, 8)
-        cache, again_cache = model.make_cache(), again.make_cache()
-        logits, h = model(PROMPT[None], cache, return_hidden=True)
-        out = model.mtp_draft(h, PROMPT[None], model.make_mtp_cache())[0]
-        logits, h = again(PROMPT[None], again_cache, return_hidden=True)
-        ref = again.mtp_draft(h, PROMPT[None], again.make_mtp_cache())[0]
-        self.assertTrue(mx.array_equal(out, ref))
+    path = Path(path)
+    path.mkdir(parents=True)
+    model = make_model(config)
+    # Zero logits for BOS and EOS, so greedy decoding runs to the token limit.
+    model.lm_head.weight[:2] = 0.0
+    mx.save_safetensors(
+        str(path / "model.safetensors"), dict(tree_flatten(model.parameters()))
+    )
+    with open(path / "config.json", "w") as f:
+        json.dump({k: v for k, v in config.items() if k != "mtp"}, f)
+    tokenizer = Tokenizer(models.BPE())
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=config["vocab_size"],
+        # The chat format's tokens, checked at load (BOS and EOS first).
+        special_tokens=list(special_tokens),
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
+        show_progress=False,
+    )
+    tokenizer.train_from_iterator(["The quick brown fox jumps over. " * 4], trainer)
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token=bos_token, eos_token=eos_token
+    ).save_pretrained(path)
+    return path
 
 
 class Oracle:
-    """The model, with an MTP block that drafts the given sequence's tokens,
-    but wrongly after every fifth position, so rounds accept all, some or
-    none; ``check`` sees each call of the real block."""
+    """The model, with an MTP block that drafts each token's successor in
+    ``sequences``, but wrongly after a multiple of 5, so rounds keep all,
+    some or none of their drafts; ``check`` sees each call of the real
+    block."""
 
-    def __init__(self, model, tokens, check=None):
-        self.model, self.tokens, self.check = model, tokens.tolist(), check
+    def __init__(self, model, sequences, check=None):
+        self.model, self.check, self.after = model, check, {}
+        for s in sequences:
+            for a, b in zip(s, s[1:]):
+                self.after.setdefault(a, b if a % 5 else (b + 1) % 300)
 
     def __getattr__(self, name):
         return getattr(self.model, name)
@@ -208,17 +146,14 @@ class Oracle:
         return self.model(*args, **kwargs)
 
     def mtp_draft(self, h, inputs, cache):
-        start = cache[0].offset
+        start = cache[0].offset if self.check else None
         logits, out = self.model.mtp_draft(h, inputs, cache)
-        if self.check is not None:
+        if self.check:
             self.check(h, inputs, start, logits)
-        pos = start + inputs.shape[1] - 1
-        if pos + 2 < len(self.tokens):
-            right = self.tokens[pos + 2]
-            guess = right if pos % 5 else (right + 1) % logits.shape[-1]
-            logits = mx.arange(logits.shape[-1]) == guess
-            logits = mx.where(logits, 10.0, -10.0)[None, None]
-        return logits, out
+        guess = [[self.after.get(t, 0) for t in row] for row in inputs.tolist()]
+        guess = mx.arange(logits.shape[-1]) == mx.array(guess)[..., None]
+        # Still through the block's logits, which evaluate its cache.
+        return mx.where(guess, 10.0, -10.0) + 0.0 * logits, out
 
 
 def block_checker(model, tokens, checked):
@@ -226,8 +161,8 @@ def block_checker(model, tokens, checked):
     its logits are those of one forward over the whole sequence, whatever
     was accepted and trimmed before."""
     _, hidden = model(tokens[None, :-1], return_hidden=True)
-    mtp_cache = model.make_mtp_cache()
-    reference = model.mtp_draft(hidden, tokens[None, 1:], mtp_cache)[0][0]
+    reference = model.mtp_draft(hidden, tokens[None, 1:], model.make_mtp_cache())
+    reference = reference[0][0]
     mx.eval(hidden, reference)
 
     def check(h, inputs, start, logits):
@@ -239,196 +174,172 @@ def block_checker(model, tokens, checked):
     return check
 
 
-def plain(model, prompt, max_tokens, **kwargs):
-    steps = generate_step(prompt, model, max_tokens=max_tokens, **kwargs)
-    return [(t, lp) for t, lp in steps]
+def plain(model, prompt, max_tokens):
+    steps = generate_step(prompt, model, max_tokens=max_tokens)
+    return [(int(t), lp) for t, lp in steps]
 
 
-def second_token_marginal():
-    """A one-layer model with a vocabulary of 8, a prompt, and the exact
-    distribution of the second token it samples, sum_a p(a) p(b | a)."""
-    config = {**MTP_CONFIG, "vocab_size": 8, "num_hidden_layers": 1}
-    config.update(layer_types=["sliding_attention"], mlp_layer_types=["moe"])
-    model = make_tiny_model(config, seed=3)
-    prompt = PROMPT[:5] % 8
-    first = mx.softmax(model(prompt[None])[0, -1])
-    seconds = model(mx.concatenate([mx.tile(prompt, (8, 1)), mx.arange(8)[:, None]], 1))
-    return model, prompt, first @ mx.softmax(seconds[:, -1], axis=-1)
+class TestMTPLoading(unittest.TestCase):
+
+    def test_loaded_only_where_asked_for(self):
+        # A folder with the block: load() holds the parameters of the model
+        # without it; model_config={"mtp": True} (what --mtp passes) adds it.
+        def sizes(model):
+            return {k: v.nbytes for k, v in tree_flatten(model.parameters())}
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = make_model_folder(Path(tmp) / "mtp")
+            saved = mx.load(str(path / "model.safetensors"))
+            plain_model, _ = load(str(path))
+            with_block, _ = load(str(path), model_config={"mtp": True})
+        expected = sizes(make_model({**CONFIG, "mtp": False}))
+        self.assertEqual(sizes(plain_model), expected)
+        self.assertEqual(plain_model.mtp, [])
+        got = sizes(with_block)
+        block = {k for k in got if k.startswith("mtp.0.")}
+        self.assertEqual(block, {k for k in saved if k.startswith("mtp.0.")})
+        self.assertEqual({k: got[k] for k in got.keys() - block}, expected)
+        # A checkpoint without the block's weights, or a config without it.
+        weights = {k: v for k, v in saved.items() if not k.startswith("mtp.")}
+        for config, weights in (
+            (CONFIG, weights),
+            ({**CONFIG, "num_nextn_predict_layers": 0}, saved),
+        ):
+            model = deepseek_v4.Model(deepseek_v4.ModelArgs.from_dict(config))
+            model.load_weights(list(model.sanitize(weights).items()))
+            self.assertEqual(model.mtp, [])
+
+    def test_convert_keeps_the_block(self):
+        # mlx_lm.convert -q writes and quantizes the block with the model;
+        # it loads where asked for and drafts.
+        from mlx_lm.convert import convert
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = make_model_folder(Path(tmp) / "mtp")
+            out = Path(tmp) / "converted"
+            with contextlib.redirect_stdout(io.StringIO()):
+                convert(str(path), mlx_path=str(out), quantize=True)
+            with open(out / "config.json") as f:
+                self.assertNotIn("mtp", json.load(f))
+            self.assertEqual(load(str(out))[0].mtp, [])
+            model, tokenizer = load(str(out), model_config={"mtp": True})
+        # The tiny block's one projection of 64-column groups.
+        self.assertEqual(model.mtp[0].attn.wo_a.bits, 4)
+        texts = []
+        with mock.patch.object(model, "mtp_draft", wraps=model.mtp_draft) as draft:
+            for mtp in (False, True):
+                steps = stream_generate(
+                    model, tokenizer, "The quick", max_tokens=20, mtp=mtp
+                )
+                texts.append("".join(r.text for r in steps))
+        self.assertGreater(draft.call_count, 10)
+        self.assertEqual(texts[0], texts[1])
 
 
-def assert_follows(test, counts, distribution):
-    """Chi-square of the counts of 8 tokens against ``distribution``."""
-    expected = (distribution * sum(counts)).tolist()
-    chi2 = sum((c - e) ** 2 / e for c, e in zip(counts, expected))
-    # The 0.999 quantile of chi-square with 7 degrees of freedom.
-    test.assertLess(chi2, 24.32, (counts, expected))
-
-
-class TestMTPSpeculative(unittest.TestCase):
+class TestMTPDecoding(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.model = make_tiny_model(MTP_CONFIG)
+        cls.model = make_model()
         cls.expected = plain(cls.model, PROMPT, 40)
 
-    def spec(self, model, max_tokens=40, **kwargs):
-        kwargs.setdefault("prefill_step_size", 16)
+    def spec(self, model, prompt=PROMPT, **kwargs):
+        kwargs.setdefault("max_tokens", 40)
         steps = speculative_generate_step(
-            PROMPT, model, mtp=True, max_tokens=max_tokens, **kwargs
+            prompt, model, mtp=True, prefill_step_size=16, **kwargs
         )
         return list(steps)
 
-    def assert_plain(self, steps):
-        self.assertEqual([s[0] for s in steps], [t for t, _ in self.expected])
-        for (_, logprobs, _), (_, expected) in zip(steps, self.expected):
-            self.assertTrue(mx.allclose(logprobs, expected, atol=1e-5))
+    def assert_plain(self, steps, expected):
+        self.assertEqual([s[0] for s in steps], [t for t, _ in expected])
+        for (_, logprobs, _), (_, want) in zip(steps, expected):
+            self.assertTrue(mx.allclose(logprobs, want, atol=1e-5))
 
     def test_greedy_tokens_and_logprobs_equal_plain_decoding(self):
         for k in (1, 2, 4):
             with self.subTest(num_draft_tokens=k):
-                self.assert_plain(self.spec(self.model, num_draft_tokens=k))
+                steps = self.spec(self.model, num_draft_tokens=k)
+                self.assert_plain(steps, self.expected)
 
     def test_accepted_drafts_and_exact_block_inputs(self):
         tokens = mx.concatenate([PROMPT, mx.array([t for t, _ in self.expected])])
         checked = []
         check = block_checker(self.model, tokens, checked)
-        oracle = Oracle(self.model, tokens, check)
+        oracle = Oracle(self.model, [tokens.tolist()], check)
         steps = self.spec(oracle, num_draft_tokens=3)
-        self.assert_plain(steps)
-        # The prompt's chunks and the first step of every round.
-        self.assertGreater(len(checked), 15)
+        self.assert_plain(steps, self.expected)
+        # The prompt's chunks and the first call of every round.
+        self.assertGreater(len(checked), 10)
         self.assertTrue(all(checked))
         drafted = sum(s[2] for s in steps)
-        self.assertGreater(drafted, 20)
+        self.assertGreater(drafted, 15)
         self.assertLess(drafted, 40)
 
-    def test_a_prompt_cache_continues_in_step(self):
+    def test_verify_keeps_the_target_distribution(self):
+        # One draft for each of 20,000 rows: p the target's distribution, q
+        # the drafter's. Draft x stays with probability min(1, p/q), else
+        # the token is a sample of max(p - q, 0): each token has p.
+        p, q = mx.array([0.1, 0.2, 0.3, 0.4]), mx.array([0.4, 0.3, 0.2, 0.1])
+        sampler = make_sampler(temp=1.0)
+        mx.random.seed(3)
+        R = 20000
+        drafts = mx.random.categorical(mx.log(q), shape=(R, 1)).astype(mx.uint32)
+        tokens = mx.random.categorical(mx.log(p), shape=(R, 2)).astype(mx.uint32)
+        logp = mx.broadcast_to(mx.log(p), (R, 2, 4))
+        logq = mx.broadcast_to(mx.log(q), (R, 1, 4))
+        out = sampler.verify(logp, drafts, logq, tokens)
+        self.assertTrue(mx.array_equal(out[:, 1], tokens[:, 1]))
+        first, drafts = np.array(out[:, 0]), np.array(drafts[:, 0])
+        # Drafts where p >= q always stay; p < q: only where they stay.
+        for x in (2, 3):
+            self.assertTrue((first[drafts == x] == x).all())
+        for x in (0, 1):
+            self.assertTrue((drafts[first == x] == x).all())
+        kept = [(first[drafts == x] == x).mean() for x in (0, 1)]
+        np.testing.assert_allclose(kept, [0.25, 2 / 3], atol=0.03)
+        freq = [(first == x).mean() for x in range(4)]
+        np.testing.assert_allclose(freq, [0.1, 0.2, 0.3, 0.4], atol=0.015)
+        # The sampler's filters apply to both: top-k 2 keeps p's top 2.
+        top2 = make_sampler(temp=1.0, top_k=2)
+        out = top2.verify(logp, mx.array(drafts)[:, None], logq, tokens)
+        self.assertTrue(mx.all(out[:, 0] >= 2).item())
+
+    def test_prompt_cache_round_trips_trims_and_continues(self):
         model = self.model
         cache = make_prompt_cache(model) + make_mtp_prompt_cache(model)
-        first = [t for t, *_ in self.spec(model, max_tokens=12, prompt_cache=cache)]
+        first = [s[0] for s in self.spec(model, max_tokens=12, prompt_cache=cache)]
         # Every token given is in the cache (as after plain decoding), the
         # block's one position behind.
         self.assertEqual(cache[0].size(), PROMPT.size + 12)
         self.assertEqual(cache[-1].cache.size(), PROMPT.size + 11)
+        cache = round_trip(self, cache, {WindowCompressorCache, MTPCache})
         self.assertEqual(trim_prompt_cache(cache, 5), 5)
         self.assertEqual(cache[-1].cache.size(), PROMPT.size + 6)
 
         kept = mx.concatenate([PROMPT, mx.array(first[:7])])
         rest = mx.array([9, 4, 77, 31])
-        expected = [t for t, _ in plain(model, mx.concatenate([kept, rest]), 20)]
-        tokens = mx.concatenate([kept, rest, mx.array(expected)])
+        expected = plain(model, mx.concatenate([kept, rest]), 20)
+        tokens = mx.concatenate([kept, rest, mx.array([t for t, _ in expected])])
         checked = []
-        oracle = Oracle(model, tokens, block_checker(model, tokens, checked))
-        steps = speculative_generate_step(
-            rest, oracle, mtp=True, num_draft_tokens=3, prompt_cache=cache
-        )
-        steps = list(zip(range(20), steps))
-        self.assertEqual([s[0] for _, s in steps], expected)
-        self.assertGreater(sum(s[2] for _, s in steps), 5)
+        check = block_checker(model, tokens, checked)
+        oracle = Oracle(model, [tokens.tolist()], check)
+        steps = self.spec(oracle, rest, num_draft_tokens=3, prompt_cache=cache)
+        self.assert_plain(steps[:20], expected)
+        self.assertGreater(sum(s[2] for s in steps[:20]), 5)
         self.assertGreater(len(checked), 5)
         self.assertTrue(all(checked))
-        # A cache the block has not followed.
-        with self.assertRaisesRegex(ValueError, "in step"):
-            list(self.spec(model, prompt_cache=make_prompt_cache(model)))
-
-    def test_sampled_tokens_follow_the_target_distribution(self):
-        # A vocabulary of 8: the second token (drafted or not) against its
-        # exact marginal.
-        model, prompt, expected = second_token_marginal()
-        sampler = make_sampler(temp=1.0)
-        mx.random.seed(5)
-        runs, counts, drafted = 600, [0] * 8, 0
-        for _ in range(runs):
-            steps = speculative_generate_step(
-                prompt,
-                model,
-                mtp=True,
-                num_draft_tokens=2,
-                max_tokens=2,
-                sampler=sampler,
-            )
-            steps = list(steps)
-            counts[steps[1][0]] += 1
-            drafted += steps[1][2]
-        assert_follows(self, counts, expected)
-        # Speculative sampling keeps a draft with probability min(1, p/q):
-        # more often than the target's own sample equals it (sum p*q, about
-        # a tenth here).
-        self.assertGreater(drafted, runs // 4)
-
-    def test_sampled_tokens_keep_to_the_sampler_filters(self):
-        sampler = make_sampler(temp=1.5, top_k=2)
-        mx.random.seed(6)
-        steps = self.spec(self.model, num_draft_tokens=3, sampler=sampler)
-        for token, logprobs, _ in steps:
-            self.assertIn(token, mx.argsort(-logprobs)[:2].tolist())
-
-    def test_logits_processors_see_what_they_see_with_a_draft_model(self):
-        # A processor that depends on the history it is given: MTP drafts
-        # (no processor) give what another drafter gives.
-        def penalty(tokens, logits):
-            seen = mx.zeros((300,)).at[tokens].add(1.0)
-            return logits - 3.0 * seen
-
-        def run(model, **kwargs):
-            steps = speculative_generate_step(
-                PROMPT,
-                model,
-                num_draft_tokens=3,
-                max_tokens=30,
-                logits_processors=[penalty],
-                **kwargs,
-            )
-            return [(t, d) for t, _, d in steps]
-
-        # The model drafting for itself accepts every draft.
-        expected = run(self.model, draft_model=make_tiny_model(MTP_CONFIG))
-        tokens = [t for t, _ in expected]
-        self.assertNotEqual(tokens, [t for t, _ in self.expected[:30]])
-        for model in (
-            self.model,
-            Oracle(self.model, mx.array([*PROMPT.tolist(), *tokens])),
-        ):
-            got = run(model, mtp=True)
-            self.assertEqual([t for t, _ in got], tokens)
-        self.assertGreater(sum(d for _, d in got), 10)
-
-    def test_cache_graphs_stay_bounded(self):
-        # A CSA and an HCA layer, and a CSA block (its `compress_ratios`
-        # entry): every pool and buffer of both caches trims and grows.
-        config = {**MTP_CONFIG, "num_hidden_layers": 2, "layer_types": None}
-        config.update(compress_ratios=[4, 16, 4], mlp_layer_types=["moe"] * 2)
-        model = make_tiny_model(config)
-        cache, mtp_cache = model.make_cache(), make_mtp_prompt_cache(model)
-        self.assertEqual(model.mtp[0].attn.kind, deepseek_v4.CSA)
-        steps = speculative_generate_step(
-            PROMPT,
-            model,
-            mtp=True,
-            num_draft_tokens=2,
-            max_tokens=1000,
-            prompt_cache=cache + mtp_cache,
-        )
-        worst = []
-        for i, _ in enumerate(steps):
-            if i % 50 == 0:
-                block = [mtp_cache[0].cache]
-                worst.append(max(max_cache_graph(c) for c in (cache, block)))
-                worst.append(graph_edges(mtp_cache[0].hidden))
-        self.assertLessEqual(max(worst), GRAPH_BOUND)
-        # Every token given, the block one position behind.
-        self.assertEqual(cache[0].offset, PROMPT.size + 1000)
-        self.assertEqual(mtp_cache[0].cache.offset, cache[0].offset - 1)
 
     def test_options_that_cannot_apply_say_so(self):
-        no_block = make_tiny_model(TINY_CONFIG)
+        no_block = make_model({**CONFIG, "mtp": False})
         with self.assertRaisesRegex(ValueError, "no MTP block"):
             self.spec(no_block)
         with self.assertRaisesRegex(ValueError, "draft model"):
             list(speculative_generate_step(PROMPT, self.model, self.model, mtp=True))
         with self.assertRaisesRegex(ValueError, "needs a draft model"):
             list(speculative_generate_step(PROMPT, self.model))
-        # The batch: a model without a block, a cache without its entry.
+        # A cache the block has not followed.
+        with self.assertRaisesRegex(ValueError, "in step"):
+            self.spec(self.model, prompt_cache=make_prompt_cache(self.model))
         with self.assertRaisesRegex(ValueError, "no MTP block"):
             BatchGenerator(no_block, mtp=True)
         generator = BatchGenerator(self.model, mtp=True)
@@ -436,429 +347,54 @@ class TestMTPSpeculative(unittest.TestCase):
             generator.insert([[1, 2, 3]], caches=[make_prompt_cache(self.model)])
 
 
-class TestMTPCommands(unittest.TestCase):
-
-    def test_stream_generate_and_the_command(self):
-        with tempfile.TemporaryDirectory() as tmp:
-            path = make_tiny_model_folder(Path(tmp) / "mtp", MTP_CONFIG)
-            model, tokenizer = load(str(path), model_config=WITH_MTP)
-            self.assertEqual(len(model.mtp), 1)
-            prompt = "The quick brown fox"
-            texts = []
-            for mtp in (False, True):
-                steps = stream_generate(
-                    model, tokenizer, prompt, max_tokens=20, mtp=mtp, num_draft_tokens=3
-                )
-                texts.append("".join(r.text for r in steps))
-            self.assertEqual(texts[0], texts[1])
-            # batch_generate passes mtp to its BatchGenerator.
-            prompts = [tokenizer.encode(p) for p in (prompt, "Hello", "A b c d e")]
-            out = [
-                batch_generate(
-                    model,
-                    tokenizer,
-                    prompts,
-                    max_tokens=20,
-                    mtp=mtp,
-                    num_draft_tokens=2,
-                ).texts
-                for mtp in (False, True)
-            ]
-            self.assertEqual(out[0], out[1])
-
-            cmd = [sys.executable, "-m", "mlx_lm", "generate", "--model", str(path)]
-            cmd += ["--prompt", prompt, "--max-tokens", "20", "--ignore-chat-template"]
-            run = subprocess.run(
-                cmd + ["--mtp", "--num-draft-tokens", "3"],
-                capture_output=True,
-                text=True,
-                timeout=300,
-            )
-            self.assertEqual(run.returncode, 0, run.stderr)
-            raw = tokenizer.encode(prompt, add_special_tokens=True)
-            steps = stream_generate(model, tokenizer, raw, max_tokens=20)
-            self.assertIn("".join(r.text for r in steps), run.stdout)
-
-            none = make_tiny_model_folder(Path(tmp) / "none")
-            run = subprocess.run(
-                [*cmd[:5], str(none), "--prompt", prompt, "--mtp"],
-                capture_output=True,
-                text=True,
-                timeout=300,
-            )
-            self.assertNotEqual(run.returncode, 0)
-            self.assertIn("has no MTP block", run.stderr)
-
-    def test_cache_prompt_file_drafts_with_mtp(self):
-        # mlx_lm.cache_prompt --mtp saves the block's cache after the model's;
-        # drafting from that file gives what plain decoding from the plain
-        # file gives, in Python and with mlx_lm.generate --mtp.
-        with tempfile.TemporaryDirectory() as tmp:
-            path = make_tiny_model_folder(Path(tmp) / "mtp", MTP_CONFIG)
-            model, tokenizer = load(str(path), model_config=WITH_MTP)
-            files = {}
-            for mtp in (False, True):
-                files[mtp] = str(Path(tmp) / f"cache_{mtp}.safetensors")
-                argv = ["cache_prompt", "--model", str(path), "--prompt"]
-                argv += ["The quick brown fox", "--prompt-cache-file", files[mtp]]
-                with mock.patch.object(
-                    sys, "argv", argv + ["--mtp"] * mtp
-                ), contextlib.redirect_stdout(io.StringIO()):
-                    cache_prompt.main()
-            loaded = load_prompt_cache(files[True])
-            self.assertEqual(len(loaded), len(model.layers) + 1)
-            prompt = mx.array(tokenizer.encode(" jumps over", add_special_tokens=False))
-
-            def tokens(mtp, file):
-                cache = load_prompt_cache(file)
-                if not mtp:
-                    steps = generate_step(prompt, model, prompt_cache=cache)
-                else:
-                    steps = speculative_generate_step(
-                        prompt, model, mtp=True, prompt_cache=cache, num_draft_tokens=2
-                    )
-                return [t for t, *_ in zip(range(24), steps)]
-
-            self.assertEqual(tokens(True, files[True]), tokens(False, files[False]))
-            # Without MTP the block's cache in the file is left out.
-            self.assertEqual(tokens(False, files[True]), tokens(False, files[False]))
-            # A file without the block's cache says so.
-            with self.assertRaisesRegex(ValueError, "MTP entry"):
-                tokens(True, files[False])
-
-            def command(file, *extra):
-                cmd = [sys.executable, "-m", "mlx_lm", "generate", "--model", str(path)]
-                cmd += ["--prompt-cache-file", file, "--prompt", " jumps over"]
-                cmd += ["--max-tokens", "16", "--ignore-chat-template", *extra]
-                return subprocess.run(cmd, capture_output=True, text=True, timeout=300)
-
-            runs = [
-                command(files[False]),
-                command(files[True], "--mtp"),
-                command(files[True]),
-            ]
-            for run in runs:
-                self.assertEqual(run.returncode, 0, run.stderr)
-            texts = [run.stdout.split("==========")[1] for run in runs]
-            self.assertEqual(texts[1:], texts[:1] * 2)
-            run = command(files[False], "--mtp")
-            self.assertNotEqual(run.returncode, 0)
-            self.assertIn("mlx_lm.cache_prompt --mtp", run.stderr)
-
-    def test_convert_keeps_the_block(self):
-        # mlx_lm.convert (and -q) writes the block with the model; it loads
-        # where asked for and drafts, with mlx_lm.generate --mtp too.
-        from mlx_lm.convert import convert
-
-        prompt = "The quick brown fox"
-        with tempfile.TemporaryDirectory() as tmp:
-            path = make_tiny_model_folder(Path(tmp) / "mtp", MTP_CONFIG)
-            source, _ = load(str(path), model_config=WITH_MTP)
-            for name, quantize in (("converted", False), ("converted-q", True)):
-                out = Path(tmp) / name
-                with contextlib.redirect_stdout(io.StringIO()):
-                    convert(str(path), mlx_path=str(out), quantize=quantize)
-                with open(out / "config.json") as f:
-                    self.assertNotIn("mtp", json.load(f))
-                self.assertEqual(load(str(out))[0].mtp, [])
-                model, tokenizer = load(str(out), model_config=WITH_MTP)
-                self.assertEqual(len(model.mtp), 1)
-                if quantize:
-                    # The tiny block's one projection of 64-column groups.
-                    self.assertEqual(model.mtp[0].attn.wo_a.bits, 4)
-                else:
-                    got = dict(tree_flatten(model.mtp[0].parameters()))
-                    want = dict(tree_flatten(source.mtp[0].parameters()))
-                    self.assertEqual(got.keys(), want.keys())
-                    for k, v in got.items():
-                        self.assertTrue(mx.array_equal(v, want[k]), k)
-                texts = []
-                with mock.patch.object(
-                    model, "mtp_draft", wraps=model.mtp_draft
-                ) as draft:
-                    for mtp in (False, True):
-                        steps = stream_generate(
-                            model, tokenizer, prompt, max_tokens=20, mtp=mtp
-                        )
-                        texts.append("".join(r.text for r in steps))
-                self.assertGreater(draft.call_count, 10)
-                self.assertEqual(texts[0], texts[1])
-
-            cmd = [sys.executable, "-m", "mlx_lm", "generate", "--model", str(out)]
-            cmd += ["--prompt", prompt, "--max-tokens", "20", "--ignore-chat-template"]
-            run = subprocess.run(
-                cmd + ["--mtp"], capture_output=True, text=True, timeout=300
-            )
-            self.assertEqual(run.returncode, 0, run.stderr)
-            raw = tokenizer.encode(prompt, add_special_tokens=True)
-            steps = stream_generate(model, tokenizer, raw, max_tokens=20)
-            self.assertIn("".join(r.text for r in steps), run.stdout)
-
-    def test_server_gives_the_plain_text_through_its_prompt_cache(self):
-        # The same prompt again and a longer one: the server's prompt cache
-        # hands the block's cache back in step, and holds every token given
-        # (a draft model's too).
-        prompts = ["The quick brown fox"] * 2 + ["The quick brown fox jumps"]
-        with tempfile.TemporaryDirectory() as tmp:
-            path = make_tiny_model_folder(Path(tmp) / "mtp", MTP_CONFIG)
-            draft = make_tiny_model_folder(Path(tmp) / "draft", seed=1)
-            texts = []
-            for args in (
-                (),
-                ("--mtp", "--num-draft-tokens", "3"),
-                ("--draft-model", str(draft)),
-            ):
-                thread = ServerThread(path, *args)
-                try:
-                    for prompt in prompts + prompts[:1]:
-                        body = {"prompt": prompt, "max_tokens": 16, "temperature": 0}
-                        status, answer = thread.request("POST", "/v1/completions", body)
-                        self.assertEqual(status, 200, answer)
-                        texts.append(answer["choices"][0]["text"])
-                finally:
-                    thread.close()
-        self.assertEqual(texts[:4], texts[4:8])
-        self.assertEqual(texts[:4], texts[8:])
-
-    def test_server_batches_concurrent_requests(self):
-        # Requests at once with --mtp decode as rows of one batch with MTP,
-        # and each gets the text a plain server gives it alone; again through
-        # the prompt caches the batch left.
-        prompts = ["The quick brown fox", "Hello there, how", "A long time ago in"]
-        sizes = []
-
-        class Recording(server.BatchGenerator):
-            def next(self):
-                out = super().next()
-                drafting = self.drafter is not None
-                sizes.append((drafting, len(self._generation_batch)))
-                return out
-
-        def complete(thread, i, texts):
-            body = {"prompt": prompts[i], "max_tokens": 40 + 6 * i, "temperature": 0}
-            texts[i] = thread.request("POST", "/v1/completions", body)
-
-        with tempfile.TemporaryDirectory() as tmp:
-            path = make_tiny_model_folder(Path(tmp) / "mtp", MTP_CONFIG)
-            thread, alone = ServerThread(path), [None] * 3
-            try:
-                for i in range(3):
-                    complete(thread, i, alone)
-            finally:
-                thread.close()
-            runs = []
-            with mock.patch.object(server, "BatchGenerator", Recording):
-                thread = ServerThread(path, "--mtp", "--num-draft-tokens", "2")
-                try:
-                    for _ in range(2):
-                        texts = [None] * 3
-                        clients = [
-                            threading.Thread(target=complete, args=(thread, i, texts))
-                            for i in range(3)
-                        ]
-                        for c in clients:
-                            c.start()
-                        for c in clients:
-                            c.join()
-                        runs.append(texts)
-                finally:
-                    thread.close()
-        for status, answer in alone + runs[0] + runs[1]:
-            self.assertEqual(status, 200, answer)
-        alone = [answer["choices"][0]["text"] for _, answer in alone]
-        for texts in runs:
-            self.assertEqual([a["choices"][0]["text"] for _, a in texts], alone)
-        self.assertTrue(all(mtp for mtp, _ in sizes))
-        self.assertGreaterEqual(max(n for _, n in sizes), 2)
-
-
-class TestMTPCacheFiles(unittest.TestCase):
-
-    def assert_round_trip(self, cache, kinds):
-        """``cache`` through save_prompt_cache and load_prompt_cache: the
-        same classes and arrays."""
-        with tempfile.TemporaryDirectory() as tmp:
-            file = str(Path(tmp) / "cache.safetensors")
-            save_prompt_cache(file, cache)
-            loaded = load_prompt_cache(file)
-        self.assertEqual([type(c) for c in loaded], [type(c) for c in cache])
-        self.assertEqual({type(c) for c in cache}, kinds)
-        for a, b in zip(cache, loaded):
-            want, got = tree_flatten(a.state), tree_flatten(b.state)
-            self.assertEqual([k for k, _ in got], [k for k, _ in want])
-            for (k, u), (_, v) in zip(got, want):
-                same = mx.array_equal(u, v) if isinstance(v, mx.array) else u == v
-                self.assertTrue(same, (type(a).__name__, k))
-        return loaded
-
-    def test_every_cache_class_round_trips(self):
-        model = make_tiny_model(MTP_CONFIG)
-        cache = make_prompt_cache(model) + make_mtp_prompt_cache(model)
-        steps = speculative_generate_step(
-            PROMPT, model, mtp=True, max_tokens=6, prompt_cache=cache
-        )
-        for _ in steps:
-            pass
-        loaded = self.assert_round_trip(cache, {WindowCompressorCache, MTPCache})
-        # The loaded cache decodes as the saved one.
-        tokens = []
-        for c in (cache, loaded):
-            steps = speculative_generate_step(
-                PROMPT[:4], model, mtp=True, max_tokens=8, prompt_cache=c
-            )
-            tokens.append([t for t, *_ in steps])
-        self.assertEqual(tokens[0], tokens[1])
-
-        # A batch's caches, mid-decode.
-        generator = BatchGenerator(model, mtp=True, stop_tokens=set())
-        generator.insert([PROMPT.tolist(), PROMPT[:9].tolist()], max_tokens=[20, 20])
-        for _ in range(3):
-            generator.next_generated()
-        batch = generator._generation_batch.prompt_cache
-        kinds = {BatchWindowCompressorCache, BatchMTPCache}
-        loaded = self.assert_round_trip(batch, kinds)
-        self.assertEqual(loaded[-1].ends, batch[-1].ends)
-        self.assertEqual(loaded[-1].row_max_trim, batch[-1].row_max_trim)
-        generator.close()
-
-
-class BatchOracle:
-    """``Oracle`` for a ``BatchGenerator``'s rows: where the block runs on a
-    batch's cache, row b drafts its request's tokens (``add``), wrongly
-    after every ``every``-th position; ``checked`` gets, for each row's input
-    that is the target's stream, whether the block's logits are those of one
-    forward over the whole sequence, and ``read`` each request's positions
-    so read."""
-
-    def __init__(self, model, every=5):
-        self.model, self.every = model, every
-        self.generator, self.checked, self.read = None, [], {}
-        self.sequences, self.references = {}, {}
-
-    @classmethod
-    def of(cls, model, **kwargs):
-        """A BatchGenerator with MTP on the oracle of model."""
-        oracle = cls(model)
-        oracle.generator = BatchGenerator(oracle, mtp=True, **kwargs)
-        return oracle.generator
-
-    def add(self, uid, tokens):
-        """Request uid's whole sequence (prompt and output)."""
-        model, tokens = self.model, mx.array(tokens)
-        _, hidden = model(tokens[None, :-1], return_hidden=True)
-        block = model.mtp_draft(hidden, tokens[None, 1:], model.make_mtp_cache())
-        mx.eval(hidden, block[0])
-        self.sequences[uid] = tokens
-        self.references[uid] = (hidden, block[0][0])
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-    def __call__(self, *args, **kwargs):
-        return self.model(*args, **kwargs)
-
-    def _rows(self, cache):
-        for batch in (self.generator._generation_batch, self.generator._prompt_batch):
-            if batch.prompt_cache and batch.prompt_cache[-1].cache is cache:
-                return batch.uids
-        return None
-
-    def mtp_draft(self, h, inputs, cache):
-        c = cache[0]
-        uids = None if self.generator is None else self._rows(c)
-        if uids is None:
-            return self.model.mtp_draft(h, inputs, cache)
-        L = inputs.shape[1]
-        starts = [min(s, L) for s in c._skip]
-        lengths = [L - s for s in starts] if c._lengths is None else c._lengths
-        offsets = [o - s for o, s in zip(c.offsets, starts)]
-        logits, out = self.model.mtp_draft(h, inputs, cache)
-        guesses = []
-        for b, uid in enumerate(uids):
-            tokens = self.sequences[uid].tolist()
-            hidden, reference = self.references[uid]
-            row = []
-            for j in range(L):
-                pos = offsets[b] + j
-                right = tokens[pos + 2] if 0 <= pos < len(tokens) - 2 else 0
-                right = right if pos % self.every else (right + 1) % 300
-                row.append(right)
-                if not (starts[b] <= j < starts[b] + lengths[b]):
-                    continue
-                if pos < hidden.shape[1] and mx.allclose(
-                    h[b, j], hidden[0, pos], atol=1e-3
-                ):
-                    ref = reference[pos]
-                    self.checked.append(mx.allclose(logits[b, j], ref, atol=1e-4))
-                    self.read.setdefault(uid, []).append(pos)
-            guesses.append(row)
-        guess = mx.arange(logits.shape[-1]) == mx.array(guesses)[..., None]
-        # Still through the block's logits, which evaluate its cache.
-        return mx.where(guess, 10.0, -10.0) + 0.0 * logits, out
+def round_trip(test, cache, kinds):
+    """``cache`` through save_prompt_cache and load_prompt_cache: the same
+    classes and arrays."""
+    with tempfile.TemporaryDirectory() as tmp:
+        file = str(Path(tmp) / "cache.safetensors")
+        save_prompt_cache(file, cache)
+        loaded = load_prompt_cache(file)
+    test.assertEqual([type(c) for c in loaded], [type(c) for c in cache])
+    test.assertEqual({type(c) for c in cache}, kinds)
+    for a, b in zip(cache, loaded):
+        want, got = tree_flatten(a.state), tree_flatten(b.state)
+        test.assertEqual([k for k, _ in got], [k for k, _ in want])
+        for (k, u), (_, v) in zip(got, want):
+            same = mx.array_equal(u, v) if isinstance(v, mx.array) else u == v
+            test.assertTrue(same, (type(a).__name__, k))
+    return loaded
 
 
 class TestMTPBatch(unittest.TestCase):
 
     @classmethod
     def setUpClass(cls):
-        cls.model = make_tiny_model(MTP_CONFIG)
+        cls.model = make_model()
         mx.random.seed(4)
         lengths = {"a": 37, "b": 21, "c": 50, "d": 1}
         cls.prompts = {
             k: mx.random.randint(2, 300, (n,)).tolist() for k, n in lengths.items()
         }
-        cls.expected = {k: cls.alone(p, 40) for k, p in cls.prompts.items()}
+        cls.expected = {
+            k: plain(cls.model, mx.array(p), 40) for k, p in cls.prompts.items()
+        }
 
-    @classmethod
-    def alone(cls, prompt, max_tokens):
-        steps = generate_step(
-            mx.array(prompt), cls.model, max_tokens=max_tokens, prefill_step_size=16
-        )
-        return [(int(t), lp) for t, lp in steps]
-
-    def decode(self, inserts, oracle=False, num_draft_tokens=2, **kwargs):
-        """Run a BatchGenerator with MTP that gets the requests of
-        inserts[n] (a name and max_tokens) before its round n. Return each
-        name's responses, the tokens each got in each round, and the
-        largest cache graph."""
-        kwargs.update(
-            num_draft_tokens=num_draft_tokens, prefill_step_size=16, stop_tokens=set()
-        )
-        if oracle:
-            generator = BatchOracle.of(self.model, **kwargs)
-        else:
-            generator = BatchGenerator(self.model, mtp=True, **kwargs)
-        model = generator.model
-        names, results, rounds, worst = {}, {}, [], 0
-        step = 0
-        while True:
-            for name, max_tokens in inserts.get(step, []):
-                prompt = self.prompts[name]
-                (uid,) = generator.insert([prompt], max_tokens=[max_tokens])
-                names[uid], results[name] = name, []
-                if oracle:
-                    model.add(uid, prompt + [t for t, _ in self.expected[name]])
-            responses = generator.next_generated()
-            if not responses and step > max(inserts):
-                break
+    def decode(self, model, max_tokens, num_draft_tokens):
+        """Each request's responses from a BatchGenerator with MTP, and the
+        tokens each got in each round."""
+        kwargs = {"num_draft_tokens": num_draft_tokens, "prefill_step_size": 16}
+        generator = BatchGenerator(model, mtp=True, stop_tokens=set(), **kwargs)
+        prompts = [self.prompts[k] for k in max_tokens]
+        uids = generator.insert(prompts, max_tokens=list(max_tokens.values()))
+        names = dict(zip(uids, max_tokens))
+        results, rounds = {k: [] for k in max_tokens}, []
+        while responses := generator.next_generated():
             counts = {}
             for r in responses:
                 results[names[r.uid]].append(r)
                 counts[names[r.uid]] = counts.get(names[r.uid], 0) + 1
             rounds.append(counts)
-            batch = generator._generation_batch
-            if batch.prompt_cache:
-                worst = max(worst, max_cache_graph(batch.prompt_cache[:-1]))
-                mtp_cache = batch.prompt_cache[-1]
-                worst = max(worst, max_cache_graph([mtp_cache.cache]))
-                worst = max(worst, graph_edges(mtp_cache.hidden))
-            step += 1
         generator.close()
-        self.checked = model.checked if oracle else []
-        self.read = {names[u]: p for u, p in model.read.items()} if oracle else {}
-        return results, rounds, worst
-
-    def assertAlone(self, results, max_tokens):
         for name, responses in results.items():
             with self.subTest(request=name):
                 expected = self.expected[name][: max_tokens[name]]
@@ -867,18 +403,33 @@ class TestMTPBatch(unittest.TestCase):
                     self.assertTrue(mx.allclose(r.logprobs, logprobs, atol=1e-5))
                 reasons = [r.finish_reason for r in responses]
                 self.assertEqual(reasons, [None] * (len(reasons) - 1) + ["length"])
+        return results, rounds
+
+    def test_greedy_rows_equal_plain_decoding(self):
+        max_tokens = {"a": 40, "b": 31, "c": 40, "d": 25}
+        for k in (1, 2):
+            with self.subTest(num_draft_tokens=k):
+                self.decode(self.model, max_tokens, k)
+
+    def test_rows_accept_their_own_counts(self):
+        max_tokens = {"a": 40, "b": 33, "c": 37, "d": 25}
+        sequences = [self.prompts[k] + [t for t, _ in self.expected[k]] for k in "abcd"]
+        _, rounds = self.decode(Oracle(self.model, sequences), max_tokens, 3)
+        # Rounds where the rows got different numbers of tokens, none past
+        # its drafts and the target's token.
+        full = [r for r in rounds[1:] if len(r) == 4]
+        self.assertTrue(any(len(set(r.values())) > 1 for r in full), rounds)
+        self.assertLessEqual(max(n for r in rounds for n in r.values()), 4)
+        self.assertLess(len(rounds), 30)
 
     def test_rows_trim_their_own_counts(self):
-        # CSA and HCA layers: rows at their own positions, each trimmed by
-        # its own count, then one more token, give each row's logits alone.
-        config = {**MTP_CONFIG, "num_hidden_layers": 2, "layer_types": None}
-        config.update(compress_ratios=[4, 16, 4], mlp_layer_types=["moe"] * 2)
-        model = make_tiny_model(config)
-        prompts = [PROMPT[:n] for n in (45, 38, 29)]
+        # Rows at their own positions, each trimmed by its own count, then
+        # one more token, give each row's logits alone.
+        model = self.model
         counts, caches = [0, 3, 7], []
-        for prompt in prompts:
+        for n in (45, 38, 29):
             cache = make_prompt_cache(model)
-            model(prompt[None], cache=cache)
+            model(PROMPT[None, :n], cache=cache)
             caches.append(cache)
         batch = [caches[0][i].merge([c[i] for c in caches]) for i in range(2)]
         self.assertEqual(batch[0].row_max_trim, [32, 32, 29])
@@ -893,261 +444,146 @@ class TestMTPBatch(unittest.TestCase):
             alone = model(nxt[b : b + 1], cache=cache)[0, -1]
             self.assertTrue(mx.allclose(got[b], alone, atol=1e-4))
 
-    def test_greedy_rows_equal_plain_decoding(self):
-        max_tokens = {"a": 40, "b": 31, "c": 40, "d": 25}
-        for k in (1, 2):
-            with self.subTest(num_draft_tokens=k):
-                results, _, _ = self.decode(
-                    {0: list(max_tokens.items())}, num_draft_tokens=k
-                )
-                self.assertAlone(results, max_tokens)
-
-    def test_a_drafter_given_to_the_generator(self):
-        # BatchGenerator(drafter=...) is the batch loop for any drafter.
-        generator = BatchGenerator(
-            self.model,
-            drafter=MTPDrafter(self.model),
-            num_draft_tokens=2,
-            stop_tokens=set(),
-        )
-        (uid,) = generator.insert([self.prompts["a"]], max_tokens=[30])
-        got = []
-        while responses := generator.next_generated():
-            got += [r for r in responses if r.uid == uid]
+    def test_batch_caches_round_trip(self):
+        generator = BatchGenerator(self.model, mtp=True, stop_tokens=set())
+        generator.insert([self.prompts["a"], self.prompts["b"]], max_tokens=[20, 20])
+        for _ in range(3):
+            generator.next_generated()
+        batch = generator._generation_batch.prompt_cache
+        kinds = {BatchWindowCompressorCache, BatchMTPCache}
+        loaded = round_trip(self, batch, kinds)
+        self.assertEqual(loaded[-1].ends, batch[-1].ends)
+        self.assertEqual(loaded[-1].row_max_trim, batch[-1].row_max_trim)
         generator.close()
-        self.assertAlone({"a": got}, {"a": 30})
-        self.assertIsInstance(generator._generation_batch, SpeculativeGenerationBatch)
 
-    def test_rows_accept_their_own_counts(self):
-        max_tokens = {"a": 40, "b": 33, "c": 37}
-        results, rounds, worst = self.decode(
-            {0: list(max_tokens.items())}, oracle=True, num_draft_tokens=3
+
+class ServerThread:
+    """`mlx_lm.server` on a free loopback port, in this process."""
+
+    def __init__(self, model_path, *args):
+        argv = ["mlx_lm.server", "--model", str(model_path), "--log-level", "ERROR"]
+        with mock.patch.object(server, "run") as run:
+            with mock.patch.object(sys, "argv", argv + list(args)):
+                server.main()
+        provider = run.call_args.args[2]
+        cache = server.LRUPromptCache(provider.cli_args.prompt_cache_size)
+        self.generator = server.ResponseGenerator(provider, cache)
+        self.httpd = ThreadingHTTPServer(
+            ("127.0.0.1", 0),
+            lambda *a, **kw: server.APIHandler(self.generator, *a, **kw),
         )
-        self.assertAlone(results, max_tokens)
-        self.assertLessEqual(worst, GRAPH_BOUND)
-        # Rounds where the rows got different numbers of tokens, none past
-        # its drafts and the target's token.
-        full = [r for r in rounds[1:] if len(r) == 3]
-        self.assertTrue(any(len(set(r.values())) > 1 for r in full), rounds)
-        self.assertLessEqual(max(n for r in rounds for n in r.values()), 4)
-        self.assertLess(len(rounds), 25)
-        # Every read of the target's streams, prompt and rounds, exact.
-        self.assertGreater(len(self.checked), 100)
-        self.assertTrue(all(self.checked))
-        self.assertReadOnce(results, 3)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
 
-    def assertReadOnce(self, results, num_draft_tokens):
-        """The block read each row's positions, each once, with the target's
-        streams in step (the oracle's checks), up to the last round's."""
-        for name, responses in results.items():
-            with self.subTest(request=name):
-                # A row's first step runs while its batch is being made, where
-                # the oracle cannot name its rows: the prompt's last position.
-                read, last = self.read[name], len(self.prompts[name]) - 2
-                every = [p for p in range(len(read) + 1) if p != last]
-                self.assertEqual(sorted(read), every[: len(read)])
-                total = len(self.prompts[name]) + len(responses)
-                self.assertGreaterEqual(len(read), total - num_draft_tokens - 2)
+    def close(self):
+        self.httpd.shutdown()
+        self.httpd.server_close()
+        self.generator.stop_and_join()
 
-    def test_requests_joining_mid_decode(self):
-        inserts = {0: [("a", 40)], 4: [("b", 30)], 7: [("d", 20), ("c", 24)]}
-        results, rounds, _ = self.decode(inserts, oracle=True, num_draft_tokens=2)
-        self.assertAlone(results, {"a": 40, "b": 30, "c": 24, "d": 20})
-        self.assertTrue(any(len(r) == 4 for r in rounds), rounds)
-        self.assertTrue(all(self.checked))
-        self.assertReadOnce(results, 2)
+    def complete(self, prompt, max_tokens):
+        conn = http.client.HTTPConnection(*self.httpd.server_address, timeout=300)
+        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+        conn.request("POST", "/v1/completions", json.dumps(body))
+        response = conn.getresponse()
+        answer = json.loads(response.read())
+        conn.close()
+        return response.status, answer
 
-    def test_finished_rows_prompt_cache_continues_in_step(self):
-        # Rows end inside rounds (at max_tokens, with drafts accepted past
-        # it): each one's cache holds the tokens given that the target has
-        # seen (all_tokens), the block in step, for the single-request loop
-        # to continue.
-        max_tokens = {"a": 13, "b": 15, "c": 40}
-        results, _, _ = self.decode({0: list(max_tokens.items())}, oracle=True)
-        self.assertAlone(results, max_tokens)
-        unseen = set()
-        for name in "abc":
-            with self.subTest(request=name):
-                unseen.add(self.assertContinues(self.prompts[name], results[name]))
-        # Every token given is in the cache, as after plain decoding.
-        self.assertEqual(unseen, {0})
 
-    def assertContinues(self, prompt, responses):
-        """Continue a finished row's prompt cache; return how many of the
-        tokens given it lacks."""
-        cache, cached = responses[-1].prompt_cache, responses[-1].all_tokens
-        tokens = prompt + [r.token for r in responses]
-        self.assertEqual(cached, tokens[: len(cached)])
-        self.assertEqual(cache[0].size(), len(cached))
-        self.assertEqual(cache[-1].cache.size(), len(cached) - 1)
-        rest = [9, 4, 77]
-        full = tokens + rest
-        expected = [t for t, _ in self.alone(full, 12)]
-        full = mx.array(full + expected)
-        checked = []
-        oracle = Oracle(self.model, full, block_checker(self.model, full, checked))
-        steps = speculative_generate_step(
-            mx.array(tokens[len(cached) :] + rest),
-            oracle,
-            mtp=True,
-            num_draft_tokens=3,
-            prompt_cache=cache,
-            max_tokens=12,
-        )
-        self.assertEqual([s[0] for s in steps], expected)
-        self.assertGreater(len(checked), 3)
-        self.assertTrue(all(checked))
-        return len(tokens) - len(cached)
+class TestMTPCommands(unittest.TestCase):
 
-    def test_a_row_stops_at_its_stop_token(self):
-        # Token 7 is the second of the four the oracle gets the row in its
-        # fourth round: the row stops there, its drafts after it dropped.
-        stop = self.expected["a"][7][0]
-        end = [t for t, _ in self.expected["a"]].index(stop)
-        self.assertEqual(end, 7)
-        generator = BatchOracle.of(self.model, num_draft_tokens=3, stop_tokens=[[stop]])
-        uids = generator.insert(
-            [self.prompts["a"], self.prompts["b"]], max_tokens=[40, 20]
-        )
-        for uid, name in zip(uids, "ab"):
-            full = self.prompts[name] + [t for t, _ in self.expected[name]]
-            generator.model.add(uid, full)
-        got = {u: [] for u in uids}
-        while responses := generator.next_generated():
-            for r in responses:
-                got[r.uid].append(r)
-        tokens = [t for t, _ in self.expected["a"][: end + 1]]
-        self.assertEqual([r.token for r in got[uids[0]]], tokens)
-        reasons = [r.finish_reason for r in got[uids[0]]]
-        self.assertEqual(reasons, [None] * end + ["stop"])
-        self.assertEqual(len(got[uids[1]]), 20)
-        # Its cache holds the stop token, the block in step.
-        self.assertEqual(self.assertContinues(self.prompts["a"], got[uids[0]]), 0)
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory()
+        cls.path = make_model_folder(Path(cls.dir.name) / "mtp")
+        cls.model, cls.tokenizer = load(str(cls.path), model_config={"mtp": True})
 
-    def test_cache_graphs_stay_bounded(self):
-        # A CSA and an HCA layer, and a CSA block.
-        config = {**MTP_CONFIG, "num_hidden_layers": 2, "layer_types": None}
-        config.update(compress_ratios=[4, 16, 4], mlp_layer_types=["moe"] * 2)
-        model, self.model = self.model, make_tiny_model(config)
+    @classmethod
+    def tearDownClass(cls):
+        cls.dir.cleanup()
+
+    def test_generate_and_cache_prompt_commands(self):
+        # mlx_lm.generate --mtp prints the plain text.
+        prompt = "The quick brown fox"
+        argv = ["generate", "--model", str(self.path), "--prompt", prompt]
+        argv += ["--max-tokens", "20", "--ignore-chat-template"]
+        out = io.StringIO()
+        with mock.patch.object(sys, "argv", argv + ["--mtp"]):
+            with contextlib.redirect_stdout(out):
+                generate_main()
+        raw = self.tokenizer.encode(prompt, add_special_tokens=True)
+        steps = stream_generate(self.model, self.tokenizer, raw, max_tokens=20)
+        self.assertIn("".join(r.text for r in steps), out.getvalue())
+
+        # mlx_lm.cache_prompt --mtp saves the block's cache after the
+        # model's: drafting from it gives plain decoding's tokens.
+        file = str(Path(self.dir.name) / "cache.safetensors")
+        argv = ["cache_prompt", "--model", str(self.path), "--prompt", prompt]
+        with mock.patch.object(
+            sys, "argv", argv + ["--prompt-cache-file", file, "--mtp"]
+        ):
+            with contextlib.redirect_stdout(io.StringIO()):
+                cache_prompt.main()
+        rest = mx.array(self.tokenizer.encode(" jumps over", add_special_tokens=False))
+        tokens = []
+        for mtp in (False, True):
+            cache = load_prompt_cache(file)
+            self.assertIsInstance(cache[-1], MTPCache)
+            if mtp:
+                steps = speculative_generate_step(
+                    rest, self.model, mtp=True, prompt_cache=cache, num_draft_tokens=2
+                )
+            else:
+                # Without MTP the block's cache in the file is left out.
+                steps = generate_step(rest, self.model, prompt_cache=cache)
+            tokens.append([s[0] for s in zip(range(24), steps)])
+        self.assertEqual(tokens[0], tokens[1])
+
+    def test_server_batches_concurrent_requests(self):
+        # Requests at once with --mtp decode as rows of one batch with MTP,
+        # and each gets the text a plain server gives it alone; again through
+        # the prompt caches the batch left.
+        prompts = ["The quick brown fox", "Hello there, how", "A long time ago in"]
+        sizes = []
+
+        class Recording(server.BatchGenerator):
+            def next(self):
+                out = super().next()
+                sizes.append((self.drafter is not None, len(self._generation_batch)))
+                return out
+
+        def complete(thread, i, texts):
+            texts[i] = thread.complete(prompts[i], 40 + 6 * i)
+
+        thread, alone = ServerThread(self.path), [None] * 3
         try:
-            _, rounds, worst = self.decode(
-                {0: [("a", 300), ("b", 250)], 20: [("d", 200)]}
-            )
+            for i in range(3):
+                complete(thread, i, alone)
         finally:
-            self.model = model
-        self.assertGreater(len(rounds), 150)
-        self.assertLessEqual(worst, GRAPH_BOUND)
-
-    def test_sampled_rows_follow_the_target_distribution(self):
-        # TestMTPSpeculative's check, on 600 rows of one batch.
-        model, prompt, expected = second_token_marginal()
-        mx.random.seed(5)
-        runs, counts, drafted = 600, [0] * 8, 0
-        generator = BatchGenerator(
-            model,
-            mtp=True,
-            num_draft_tokens=2,
-            sampler=make_sampler(temp=1.0),
-            stop_tokens=set(),
-            completion_batch_size=runs,
-            prefill_batch_size=runs,
-        )
-        generator.insert([prompt.tolist()] * runs, max_tokens=[2] * runs)
-        got, rounds = {}, 0
-        while responses := generator.next_generated():
-            for r in responses:
-                got.setdefault(r.uid, []).append(r.token)
-            rounds += 1
-            # Both tokens in the first round: the second was a draft.
-            if rounds == 1:
-                drafted = sum(len(t) == 2 for t in got.values())
-        self.assertEqual(len(got), runs)
-        for tokens in got.values():
-            counts[tokens[1]] += 1
-        assert_follows(self, counts, expected)
-        self.assertGreater(drafted, runs // 4)
-
-    def test_logits_processors_see_each_rows_history(self):
-        # A processor that depends on the history: rows with it give what
-        # plain decoding with it gives, drafts accepted (oracle) or not.
-        def penalty(tokens, logits):
-            seen = mx.zeros((300,)).at[tokens].add(1.0)
-            return logits - 3.0 * seen
-
-        expected = {
-            k: [
-                int(t)
-                for t, _ in generate_step(
-                    mx.array(self.prompts[k]),
-                    self.model,
-                    max_tokens=30,
-                    logits_processors=[penalty],
-                )
-            ]
-            for k in "ab"
-        }
-        self.assertNotEqual(expected["a"], [t for t, _ in self.expected["a"][:30]])
-        for oracle in (False, True):
-            with self.subTest(oracle=oracle):
-                kwargs = {"num_draft_tokens": 3, "stop_tokens": set()}
-                if oracle:
-                    generator = BatchOracle.of(self.model, **kwargs)
-                else:
-                    generator = BatchGenerator(self.model, mtp=True, **kwargs)
-                uids = generator.insert(
-                    [self.prompts[k] for k in "abc"],
-                    max_tokens=[30] * 3,
-                    logits_processors=[[penalty], [penalty], []],
-                )
-                if oracle:
-                    c = [t for t, _ in self.expected["c"]]
-                    for uid, tokens in zip(uids, (expected["a"], expected["b"], c)):
-                        generator.model.add(uid, self.prompts["abc"[uid]] + tokens)
-                got = {u: [] for u in uids}
-                rounds = 0
-                while responses := generator.next_generated():
-                    rounds += 1
-                    for r in responses:
-                        got[r.uid].append(r.token)
-                self.assertEqual(got[uids[0]], expected["a"])
-                self.assertEqual(got[uids[1]], expected["b"])
-                c = [t for t, _ in self.expected["c"][:30]]
-                self.assertEqual(got[uids[2]], c)
-                if oracle:
-                    self.assertLess(rounds, 20)
-
-    def test_rows_with_their_own_samplers(self):
-        # A greedy row beside rows sampled by rejection with their own
-        # filters: each keeps to its own.
-        mx.random.seed(7)
-        generator = BatchGenerator(
-            self.model, mtp=True, num_draft_tokens=2, stop_tokens=set()
-        )
-        samplers = [make_sampler(temp=1.5, top_k=2), None, make_sampler(top_k=3)]
-        uids = generator.insert(
-            [self.prompts[k] for k in "abc"], max_tokens=[30] * 3, samplers=samplers
-        )
-        got = {u: [] for u in uids}
-        while responses := generator.next_generated():
-            for r in responses:
-                got[r.uid].append(r)
-        self.assertAlone({"b": got[uids[1]]}, {"b": 30})
-        for uid, k in ((uids[0], 2), (uids[2], 3)):
-            self.assertEqual(len(got[uid]), 30)
-            for r in got[uid]:
-                self.assertIn(r.token, mx.argsort(-r.logprobs)[:k].tolist())
-
-    def test_sampled_rows_keep_to_the_sampler_filters(self):
-        sampler = make_sampler(temp=1.5, top_k=2)
-        mx.random.seed(6)
-        max_tokens = {"a": 30, "b": 30, "c": 30}
-        results, _, _ = self.decode(
-            {0: list(max_tokens.items())}, num_draft_tokens=3, sampler=sampler
-        )
-        for responses in results.values():
-            self.assertEqual(len(responses), 30)
-            for r in responses:
-                self.assertIn(r.token, mx.argsort(-r.logprobs)[:2].tolist())
+            thread.close()
+        runs = []
+        with mock.patch.object(server, "BatchGenerator", Recording):
+            thread = ServerThread(self.path, "--mtp", "--num-draft-tokens", "2")
+            try:
+                for _ in range(2):
+                    texts = [None] * 3
+                    clients = [
+                        threading.Thread(target=complete, args=(thread, i, texts))
+                        for i in range(3)
+                    ]
+                    for c in clients:
+                        c.start()
+                    for c in clients:
+                        c.join()
+                    runs.append(texts)
+            finally:
+                thread.close()
+        for status, answer in alone + runs[0] + runs[1]:
+            self.assertEqual(status, 200, answer)
+        alone = [answer["choices"][0]["text"] for _, answer in alone]
+        for texts in runs:
+            self.assertEqual([a["choices"][0]["text"] for _, a in texts], alone)
+        self.assertTrue(all(mtp for mtp, _ in sizes))
+        self.assertGreaterEqual(max(n for _, n in sizes), 2)
 
 
 if __name__ == "__main__":

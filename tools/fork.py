@@ -87,7 +87,7 @@ LINT_REQUIREMENTS = ["black==25.1.0", "isort==6.0.1", "ruff==0.17.6"]
 # What the server tests drive mlx_lm.server with and measure it by.
 TEST_CLIENTS = ["openai", "psutil"]
 # mlx-vlm's wheel, unpacked (not installed: it would replace mlx_lm), for
-# tools/test_mtp_mlx_vlm.py.
+# checks/test_mtp_mlx_vlm.py.
 MLX_VLM = "mlx-vlm==0.7.10"
 MLX_VLM_SHA256 = "f112ddaaf1bf0dd1efa702b5675a27df3345614e69e3996d3fbd09d838b8333d"
 

@@ -11,7 +11,7 @@ unpacks it there (``fetch_mlx_vlm``, sha256-pinned); by hand:
     pip download --no-deps mlx-vlm==0.7.10 -d build
     python -m zipfile -e build/mlx_vlm-0.7.10-py3-none-any.whl build/mlx-vlm
 
-``python tools/test_mtp_mlx_vlm.py --break NAME`` runs the check with the
+``python checks/test_mtp_mlx_vlm.py --break NAME`` runs the check with the
 block broken on purpose (NAME: one of ``BREAKS``); it must fail.
 """
 
