@@ -22,13 +22,12 @@ from unittest import mock
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
-
-from mlx_lm import server
 from mlx_lm.generate import generate_step
 from mlx_lm.generate import main as generate_main
 from mlx_lm.generate import speculative_generate_step
 from mlx_lm.utils import load
 
+from mlx_lm import server
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.drafter_folders import load_drafter
 from mlx_lm.models.mtp_drafter import make_drafter
@@ -177,9 +176,7 @@ def write_split(path, model, config):
         key = folder_name(name, stages)
         shard = int(key.split(".")[1]) if key.startswith("stages.") else stages - 1
         shards.setdefault(shard if dspark else 0, {})[key] = value
-    for name, module in tree_flatten(
-        model.leaf_modules(), is_leaf=nn.Module.is_module
-    ):
+    for name, module in tree_flatten(model.leaf_modules(), is_leaf=nn.Module.is_module):
         if name.startswith(("mtp.", "dspark.")) and hasattr(module, "bits"):
             key = folder_name(name + ".weight", stages).removesuffix(".weight")
             quantization[key] = {
@@ -272,6 +269,18 @@ class TestDrafterFolders(unittest.TestCase):
         model = load_drafter(self.target(kind), folder)
         self.assertEqual(len(model.dspark), 3 if kind == "dspark" else 0)
         self.assertEqual(len(model.mtp), 1 if kind == "mtp" else 0)
+        quantized = [
+            [
+                k
+                for k, m in tree_flatten(
+                    blocks.leaf_modules(), is_leaf=nn.Module.is_module
+                )
+                if hasattr(m, "bits")
+            ]
+            for blocks in (model, reference)
+        ]
+        self.assertEqual(quantized[0], quantized[1])
+        self.assertEqual(bool(quantized[0]), name.endswith("-q"))
         got, want = drafting(model), drafting(reference)
         # The same drafts as the block loaded in place, so the same accepted.
         self.assertEqual(got, want)
