@@ -527,58 +527,6 @@ class TestDeepseekV4Numerics(unittest.TestCase):
             self.assertEqual(cache[0].nbytes, size)
 
 
-class TestDeepseekV4GenerationOptions(unittest.TestCase):
-
-    def test_max_kv_size_warns_that_it_does_not_apply(self):
-        model = make_tiny_model()
-        with self.assertWarnsRegex(
-            UserWarning, "max_kv_size 64 does not apply to deepseek_v4"
-        ):
-            cache = make_prompt_cache(model, max_kv_size=64)
-        self.assertIsInstance(cache[0], WindowCompressorCache)
-        with warnings.catch_warnings():
-            warnings.simplefilter("error")
-            make_prompt_cache(model)
-
-    def test_kv_bits_is_an_error_naming_the_option(self):
-        from mlx_lm.generate import generate_step
-
-        model = make_tiny_model()
-        steps = generate_step(mx.array([3, 1, 4]), model, kv_bits=4)
-        with self.assertRaisesRegex(ValueError, r"kv_bits \(--kv-bits\) 4"):
-            next(steps)
-
-    def test_kv_bits_still_quantizes_a_kv_cache(self):
-        from mlx_lm.generate import generate_step
-
-        from mlx_lm.models import llama
-        from mlx_lm.models.cache import QuantizedKVCache
-
-        args = llama.ModelArgs(
-            model_type="llama",
-            hidden_size=64,
-            num_hidden_layers=2,
-            intermediate_size=64,
-            num_attention_heads=2,
-            rms_norm_eps=1e-5,
-            vocab_size=100,
-            num_key_value_heads=2,
-        )
-        model = llama.Model(args)
-        cache = make_prompt_cache(model)
-        steps = generate_step(
-            mx.array([3, 1, 4]),
-            model,
-            prompt_cache=cache,
-            kv_bits=4,
-            kv_group_size=32,
-            quantized_kv_start=0,
-            max_tokens=3,
-        )
-        self.assertEqual(len(list(steps)), 3)
-        self.assertIsInstance(cache[0], QuantizedKVCache)
-
-
 class TestDeepseekV4Training(unittest.TestCase):
 
     def train(self, model, steps=2):
