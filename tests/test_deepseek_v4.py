@@ -1,35 +1,27 @@
 # Copyright © 2026 Apple Inc.
 
-import collections
 import copy
 import dataclasses
-import importlib.util
 import io
 import json
 import math
-import os
 import re
-import sys
 import tempfile
 import unittest
-import warnings
-import zlib
 from pathlib import Path
 from typing import Optional
-from unittest import mock
 
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as opt
 import numpy as np
 from mlx.utils import tree_flatten, tree_map, tree_unflatten
-from mlx_lm.generate import BatchGenerator, PromptProcessingBatch, generate_step
+from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model, quantize_model, save_config, save_model
 
 from mlx_lm import tuner
-from mlx_lm.models import deepseek_v4, deepseek_v41
+from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
-    TRIM_HISTORY,
     CompressorCache,
     SharedWindowCache,
     WindowCompressorCache,
@@ -38,8 +30,6 @@ from mlx_lm.models.cache import (
     save_prompt_cache,
 )
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
-
-HAS_TORCH = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
 
 # Every layer type and two hash layers; small rates and window so a prompt of
 # a few hundred tokens wraps the window and fills both pools.
@@ -164,101 +154,6 @@ def make_tiny_model_folder(path, config=None, seed=0):
 
 def max_diff(a, b):
     return mx.abs(a.astype(mx.float32) - b.astype(mx.float32)).max().item()
-
-
-# Recorded from transformers' DeepseekV4ForCausalLM (CPU torch, float32) on
-# the weights of seeded_model() and the tokens of seeded_tokens(); see
-# transformers_logits and TestDeepseekV4Transformers, which recomputes them.
-# (Seed 0 puts a top-k pick on a near tie that float rounding decides.)
-RECORDED_SEED = 1
-RECORDED_POSITIONS = (0, 31, 32, 100, 200, 319)
-RECORDED_LOGITS = (
-    (-0.28736222, 0.028773338, -0.018358096, -0.711353, 2.5768335, 0.50235087),
-    (2.0119197, 1.4937081, 0.36236233, -1.2104663, 3.3493612, 0.30717605),
-    (2.3435755, 1.602152, 1.6708801, -2.2809861, 1.2720251, -0.036039472),
-    (1.9435325, 1.5208817, 1.170927, -1.0333233, 1.8676848, -0.85795557),
-    (0.71896315, 1.7371917, -0.89628816, 0.13029316, 0.41813365, 0.19270416),
-    (-1.4696004, 0.94257987, 0.93110353, -0.13839662, 1.7942266, -1.1963558),
-)
-RECORDED_SUMMARY = (-1530.14908303, 131955.265269, 55.1366312333)
-
-
-def seeded_model(config=None, seed=RECORDED_SEED):
-    """A tiny model whose weights depend only on the seed and each weight's
-    checkpoint name, not on the order of the parameters."""
-    model = deepseek_v4.Model(deepseek_v4.ModelArgs.from_dict(config or TINY_CONFIG))
-    args = model.args
-
-    def init(path, p):
-        key = mx.random.key(zlib.crc32(f"{seed}:{path}".encode()))
-        if path.endswith("tid2eid"):
-            return mx.random.randint(0, args.n_routed_experts, p.shape, key=key)
-        scale = 0.1 if "norm" in path else 0.2
-        offset = 1.0 if "norm" in path else 0.0
-        return offset + scale * mx.random.normal(p.shape, key=key)
-
-    flat = [
-        (k, init(k, v).astype(v.dtype)) for k, v in tree_flatten(model.parameters())
-    ]
-    model.update(tree_unflatten(flat))
-    mx.eval(model.parameters())
-    return model
-
-
-def seeded_tokens(n=320, seed=1):
-    return mx.random.randint(
-        0, TINY_CONFIG["vocab_size"], (1, n), key=mx.random.key(seed)
-    )
-
-
-def logits_summary(logits):
-    """The recorded logits, and sums over all of them that a change anywhere
-    moves: the total, the squares and a cosine-weighted sum (in float64)."""
-    x = np.array(logits[0].astype(mx.float32), dtype=np.float64)
-    sample = x[list(RECORDED_POSITIONS), :6]
-    n, v = x.shape
-    phase = np.arange(n)[:, None] * 0.11 + np.arange(v)[None] * 0.37
-    return sample, np.array([x.sum(), (x * x).sum(), (x * np.cos(phase)).sum()])
-
-
-def transformers_logits(model, tokens, config=None):
-    """Logits of transformers' DeepseekV4ForCausalLM with the weights of the
-    MLX model: each element of the reference's checkpoint is tagged with its
-    index, the tags go through the MLX loader, and the MLX values are put
-    back where the tags show they come from."""
-    import torch
-    from mlx_lm.utils import load_model
-    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
-
-    config = {k: v for k, v in (config or TINY_CONFIG).items() if k != "model_type"}
-    reference = DeepseekV4ForCausalLM(DeepseekV4Config(**config)).float().eval()
-    state = reference.state_dict()
-    starts, total = {}, 1
-    with torch.no_grad():
-        for name, t in state.items():
-            starts[name] = total
-            tags = torch.arange(total, total + t.numel()).reshape(t.shape)
-            t.copy_(tags.to(t.dtype))
-            total += t.numel()
-        with tempfile.TemporaryDirectory() as tmp:
-            reference.save_pretrained(tmp)
-            tagged, _ = load_model(Path(tmp))
-        values = np.zeros(total, dtype=np.float64)
-        covered = np.zeros(total, dtype=bool)
-        mlx_weights = dict(tree_flatten(model.parameters()))
-        for name, tags in tree_flatten(tagged.parameters()):
-            ids = np.array(tags.astype(mx.int64)).ravel()
-            values[ids] = np.array(mlx_weights[name].astype(mx.float32)).ravel()
-            covered[ids] = True
-        for name, t in state.items():
-            start = starts[name]
-            if not covered[start : start + t.numel()].all():
-                raise AssertionError(f"{name} is not loaded by the MLX model")
-            v = values[start : start + t.numel()].reshape(tuple(t.shape))
-            t.copy_(torch.from_numpy(v).to(t.dtype))
-        inputs = torch.from_numpy(np.array(tokens).astype(np.int64))
-        logits = reference(inputs, use_cache=False).logits
-    return mx.array(logits.numpy())
 
 
 class TestDeepseekV4Config(unittest.TestCase):
@@ -417,22 +312,13 @@ class TestDeepseekV4(unittest.TestCase):
         model = make_tiny_model()
         cache = model.make_cache()
         model(mx.zeros((1, 64), dtype=mx.int32), cache)
-        csa, hca = cache[1].compressor, cache[2].compressor
-        self.assertEqual((csa.size() // csa.ratio, hca.size() // hca.ratio), (16, 4))
+        self.assertEqual([c.size() for c in cache], [64] * 4)
         # Storage is allocated in steps and written by slice assignment.
+        csa = cache[1].compressor
         self.assertEqual(csa.pool.shape[1], CompressorCache.step)
         pool = csa.pool
         mx.eval(model(mx.zeros((1, 4), dtype=mx.int32), cache))
-        self.assertEqual(csa.size() // csa.ratio, 17)
         self.assertEqual(csa.pool.shape, pool.shape)
-
-    def test_every_cache_size_is_the_tokens_seen(self):
-        model = make_tiny_model()
-        cache = model.make_cache()
-        model(mx.zeros((1, 70), dtype=mx.int32), cache)
-        for layer_cache in cache:
-            sizes = [c.size() for c in [layer_cache, *layer_cache.caches]]
-            self.assertEqual(sizes, [70] * len(sizes))
 
     def test_gradients_flow_past_the_top_k_choices(self):
         # LoRA training differentiates the whole forward; the indices the
@@ -473,8 +359,7 @@ class TestDeepseekV4(unittest.TestCase):
             ["SharedWindowCache", "CompressorCache", "CompressorCache"],
         )
         for a, b in zip(cache, loaded):
-            self.assertEqual(a.offset, b.offset)
-            self.assertEqual([c.size() for c in a.caches], [c.size() for c in b.caches])
+            self.assertEqual((a.offset, a.behind), (b.offset, b.behind))
         for i in range(130, 150):
             token = inputs[:, i : i + 1]
             self.assertEqual(max_diff(model(token, cache), model(token, loaded)), 0.0)
@@ -493,38 +378,6 @@ class TestDeepseekV4(unittest.TestCase):
         cache = model.make_cache()
         self.assertIsInstance(cache[0], WindowCompressorCache)
         self.assertIsInstance(cache[0].window, SharedWindowCache)
-
-
-class TestDeepseekV4Numerics(unittest.TestCase):
-
-    def assertMatchesRecord(self, logits):
-        sample, summary = logits_summary(logits)
-        np.testing.assert_allclose(sample, RECORDED_LOGITS, rtol=0, atol=1e-4)
-        np.testing.assert_allclose(summary, RECORDED_SUMMARY, rtol=0, atol=0.05)
-
-    def test_logits_match_the_recorded_transformers_logits(self):
-        model = seeded_model()
-        tokens = seeded_tokens()
-        self.assertMatchesRecord(model(tokens))
-        # The same through the cache, one token at a time after a prefill.
-        cache = model.make_cache()
-        outs = [model(tokens[:, :250], cache)]
-        for i in range(250, tokens.shape[1]):
-            outs.append(model(tokens[:, i : i + 1], cache))
-        self.assertMatchesRecord(mx.concatenate(outs, axis=1))
-
-    def test_sliding_window_is_a_fixed_buffer(self):
-        # A ring of the window's rows and the rows a trim may take back,
-        # plus the slot that takes rows not kept.
-        model = make_tiny_model()
-        args = model.args
-        self.assertEqual(args.layer_types[0], "sliding_attention")
-        rows = args.sliding_window + TRIM_HISTORY + 1
-        size = rows * args.head_dim * mx.float32.size
-        cache = model.make_cache()
-        for length in (10, 100, 1, 1, 1):
-            mx.eval(model(mx.zeros((1, length), dtype=mx.int32), cache))
-            self.assertEqual(cache[0].nbytes, size)
 
 
 class TestDeepseekV4Training(unittest.TestCase):
@@ -586,72 +439,6 @@ class TestDeepseekV4Training(unittest.TestCase):
         self.assertEqual(gate.tid2eid.dtype, mx.int32)
 
 
-def transformers_model(config, seed):
-    """A random transformers DeepseekV4ForCausalLM for config."""
-    import torch
-    from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
-
-    config = {k: v for k, v in config.items() if k != "model_type"}
-    torch.manual_seed(seed)
-    model = DeepseekV4ForCausalLM(DeepseekV4Config(**config, initializer_range=0.1))
-    model = model.float().eval()
-    with torch.no_grad():
-        # These start at zeros or ones.
-        for name, p in model.named_parameters():
-            if name.endswith(("sinks", "position_bias", "base", "scale")):
-                p.copy_(torch.randn_like(p))
-            elif "norm" in name:
-                p.copy_(1.0 + 0.1 * torch.randn_like(p))
-        for name, b in model.named_buffers():
-            if name.endswith("tid2eid"):
-                b.copy_(torch.randint(0, config["n_routed_experts"], b.shape))
-            elif name.endswith("e_score_correction_bias"):
-                b.copy_(0.1 * torch.randn_like(b))
-    return model
-
-
-@unittest.skipUnless(HAS_TORCH, "torch and transformers are needed")
-class TestDeepseekV4Transformers(unittest.TestCase):
-
-    def test_recorded_logits_are_transformers_logits(self):
-        model = seeded_model()
-        logits = transformers_logits(model, seeded_tokens())
-        sample, summary = logits_summary(logits)
-        np.testing.assert_allclose(sample, RECORDED_LOGITS, rtol=0, atol=1e-5)
-        np.testing.assert_allclose(summary, RECORDED_SUMMARY, rtol=0, atol=0.01)
-
-    def test_logits_match_transformers(self):
-        import torch
-        from mlx_lm.utils import load_model
-
-        reference = transformers_model(TINY_CONFIG, seed=0)
-        n = 320
-        torch.manual_seed(1)
-        inputs = torch.randint(0, TINY_CONFIG["vocab_size"], (1, n))
-        with torch.no_grad():
-            expected = reference(inputs, use_cache=False).logits
-        with tempfile.TemporaryDirectory() as tmp:
-            reference.save_pretrained(tmp)
-            model, _ = load_model(Path(tmp))
-        # The prompt wraps the window and fills both pools.
-        args = model.args
-        self.assertGreater(n, 4 * args.sliding_window)
-        self.assertGreater(n // 4, 4 * args.index_topk)
-        self.assertGreaterEqual(n // 16, 3)
-
-        out = model(mx.array(inputs.numpy()))
-        self.assertGreater(expected.abs().max().item(), 1.0)
-        self.assertLessEqual(max_diff(out, mx.array(expected.numpy())), 1e-4)
-
-        # The same through the cache, one token at a time after a prefill.
-        cache = model.make_cache()
-        outs = [model(mx.array(inputs[:, :250].numpy()), cache)]
-        for i in range(250, n):
-            outs.append(model(mx.array(inputs[:, i : i + 1].numpy()), cache))
-        out = mx.concatenate(outs, axis=1)
-        self.assertLessEqual(max_diff(out, mx.array(expected.numpy())), 1e-4)
-
-
 GRAPH_BOUND = 8
 
 # A CSA and an HCA layer.
@@ -686,296 +473,15 @@ def max_cache_graph(cache):
 
 class TestDeepseekV4CacheGraph(unittest.TestCase):
 
-    def test_cache_graph_stays_bounded_in_generate_step(self):
-        # Decode as the library does, evaluating only the tokens.
+    def test_cache_graph_stays_bounded_over_decode_steps(self):
+        # Decode as the library does, evaluating only the tokens: every cache
+        # array is materialized with them, the pools grown in place.
         model = make_tiny_model(SMALL_CONFIG)
         cache = make_prompt_cache(model)
-        prompt = mx.array([5, 6, 7])
-        worst = []
-        steps = generate_step(prompt, model, max_tokens=2000, prompt_cache=cache)
-        for n, _ in enumerate(steps, 1):
-            if n % 100 == 0:
-                worst.append(max_cache_graph(cache))
-        self.assertEqual(len(worst), 20)
-        self.assertLessEqual(max(worst), GRAPH_BOUND)
-        # The pools hold every entry of the 2,002 decoded tokens.
-        self.assertEqual(
-            cache[0].compressor.size() // cache[0].compressor.ratio, 2002 // 4
-        )
-        self.assertEqual(
-            cache[1].compressor.size() // cache[1].compressor.ratio, 2002 // 16
-        )
-
-    def test_cache_holds_no_more_than_it_stores_after_prefill(self):
-        # A cache field that is a view of a prompt chunk keeps the whole chunk
-        # alive; the prompt cache the server keeps would then hold far more
-        # than its nbytes.
-        model = make_tiny_model({**SMALL_CONFIG, "hidden_size": 64, "head_dim": 64})
-        cache = make_prompt_cache(model)
-        mx.eval(model.parameters())
-        # Without the allocator's buffer cache, active memory counts exactly
-        # the buffers in use.
-        limit = mx.set_cache_limit(0)
-        try:
-            mx.synchronize()
-            before = mx.get_active_memory()
-            out = model(mx.arange(1, 1003)[None] % 250, cache=cache)
-            mx.eval(out)
-            del out
-            held = mx.get_active_memory() - before
-        finally:
-            mx.set_cache_limit(limit)
-        stored = sum(c.nbytes for c in cache)
-        # The model's constants are evaluated in the first forward too.
-        self.assertLessEqual(held, stored + 4 * 1024)
-
-    def test_graph_check_catches_fields_left_out_of_the_hook(self):
-        # Negative control: without the hook, the rows of an open window,
-        # which the output does not read until the window closes, chain
-        # lazily (103 tokens leave 7 rows in the HCA layer's open window).
-        model = make_tiny_model(SMALL_CONFIG)
-        cache = make_prompt_cache(model)
-        prompt = mx.array([5, 6, 7])
-        with mock.patch.object(WindowCompressorCache, "cache_arrays", lambda self: []):
-            for _ in generate_step(prompt, model, max_tokens=100, prompt_cache=cache):
-                pass
-            worst = max_cache_graph(cache)
-        self.assertEqual(cache[1].offset % 16, 7)
-        self.assertGreater(worst, GRAPH_BOUND)
-
-
-def traced_modules(*modules):
-    """Fresh copies of modules whose compiled functions count their traces
-    (a trace is what MLX's compile cache keeps per new input shape)."""
-    traces = collections.Counter()
-    real_compile = mx.compile
-
-    def counting_compile(fun, **kwargs):
-        def traced(*args):
-            traces[fun.__name__] += 1
-            return fun(*args)
-
-        return real_compile(traced, **kwargs)
-
-    fresh = []
-    with mock.patch.object(mx, "compile", counting_compile), mock.patch.dict(
-        sys.modules
-    ):
-        for module in modules:
-            spec = importlib.util.spec_from_file_location(
-                module.__name__, module.__file__
-            )
-            copy = importlib.util.module_from_spec(spec)
-            # Later modules import this copy.
-            sys.modules[module.__name__] = copy
-            spec.loader.exec_module(copy)
-            fresh.append(copy)
-    return traces, fresh
-
-
-class TestDeepseekV4CompileCache(unittest.TestCase):
-
-    def test_prompts_of_new_lengths_compile_nothing_new(self):
-        # A server meets a new prompt length with almost every request: a
-        # helper compiled per shape would keep a trace for each (about
-        # 0.44 MiB each on this tiny model), a leak that only grows.
-        traces, (_, v4) = traced_modules(deepseek_v41, deepseek_v4)
-        model = random_weights(v4.Model(v4.ModelArgs.from_dict(TINY_CONFIG)))
-
-        def prompt_and_step(length):
-            cache = model.make_cache()
-            model(mx.arange(length)[None] % 250 + 2, cache)
-            mx.eval(model(mx.array([[3]]), cache))
-
-        # Every path once: window only, banded, pools past the top-k, a
-        # decode step that closes windows (at 48).
-        for length in (40, 47, 160, 290):
-            prompt_and_step(length)
-        seen = dict(traces)
-        self.assertTrue(seen)
-        for length in (41, 63, 161, 170, 291, 300):
-            prompt_and_step(length)
-        self.assertEqual(dict(traces), seen)
-
-
-# Small prefill steps, so prompts of different lengths are prefilled in
-# several right-padded chunks.
-PREFILL_STEP = 16
-
-# 120 decode steps wrap the window (32) and close 7 HCA (16) and 30 CSA (4)
-# windows per request.
-MAX_TOKENS = 120
-
-
-def max_generator_graph(generator):
-    """The largest graph behind any array that the generator's caches hold."""
-    caches = generator._prompt_batch.prompt_cache
-    return max_cache_graph(caches + generator._generation_batch.prompt_cache)
-
-
-def decode_alone(model, prompt, max_tokens):
-    """Tokens and logprobs of generate_step on prompt alone."""
-    steps = generate_step(
-        mx.array(prompt),
-        model,
-        max_tokens=max_tokens,
-        prompt_cache=make_prompt_cache(model),
-        prefill_step_size=PREFILL_STEP,
-    )
-    tokens, logprobs = zip(*((int(t), lp) for t, lp in steps))
-    return list(tokens), mx.stack(logprobs)
-
-
-def decode_batched(model, prompts, inserts):
-    """Run a BatchGenerator that gets each request of inserts[n] (pairs of a
-    prompt name and max_tokens) before its step n. Return each name's tokens
-    and logprobs, the largest batch decoded and the largest cache graph."""
-    generator = BatchGenerator(
-        model, prefill_step_size=PREFILL_STEP, completion_batch_size=4
-    )
-    names, results = {}, {}
-    widest = worst = 0
-    step = 0
-    while True:
-        for name, max_tokens in inserts.get(step, []):
-            (uid,) = generator.insert([prompts[name]], max_tokens=[max_tokens])
-            names[uid] = name
-            results[name] = ([], [])
-        responses = generator.next_generated()
-        if not responses and step > max(inserts):
-            break
-        for r in responses:
-            results[names[r.uid]][0].append(r.token)
-            results[names[r.uid]][1].append(r.logprobs)
-        widest = max(widest, len(responses))
-        worst = max(worst, max_generator_graph(generator))
-        step += 1
-    generator.close()
-    results = {k: (t, mx.stack(lp)) for k, (t, lp) in results.items()}
-    return results, widest, worst
-
-
-class TestDeepseekV4Batch(unittest.TestCase):
-
-    @classmethod
-    def setUpClass(cls):
-        cls.model = make_tiny_model()
-        mx.random.seed(4)
-        lengths = {"a": 37, "b": 37, "c": 21}
-        cls.prompts = {
-            k: mx.random.randint(2, 300, (n,)).tolist() for k, n in lengths.items()
-        }
-        cls.expected = {
-            k: decode_alone(cls.model, p, MAX_TOKENS) for k, p in cls.prompts.items()
-        }
-        # Long enough for the top-k and several query blocks.
-        cls.long_prompts = [
-            mx.random.randint(2, 300, (n,)).tolist() for n in (300, 170, 229)
-        ]
-
-    def assertMatchesAlone(self, results, max_tokens):
-        for name, (tokens, logprobs) in results.items():
-            with self.subTest(request=name):
-                self.assertEqual(len(tokens), max_tokens[name])
-                expected_tokens, expected_logprobs = self.expected[name]
-                self.assertEqual(tokens, expected_tokens[: len(tokens)])
-                self.assertLessEqual(
-                    max_diff(logprobs, expected_logprobs[: len(tokens)]), 1e-4
-                )
-
-    def test_equal_lengths_match_single_requests(self):
-        results, widest, worst = decode_batched(
-            self.model, self.prompts, {0: [("a", MAX_TOKENS), ("b", MAX_TOKENS)]}
-        )
-        self.assertEqual(widest, 2)
-        self.assertMatchesAlone(results, {"a": MAX_TOKENS, "b": MAX_TOKENS})
-        self.assertLessEqual(worst, GRAPH_BOUND)
-
-    def test_different_lengths_match_single_requests(self):
-        results, widest, worst = decode_batched(
-            self.model, self.prompts, {0: [("a", MAX_TOKENS), ("c", MAX_TOKENS)]}
-        )
-        self.assertEqual(widest, 2)
-        self.assertMatchesAlone(results, {"a": MAX_TOKENS, "c": MAX_TOKENS})
-        self.assertLessEqual(worst, GRAPH_BOUND)
-
-    def test_request_joining_mid_decode_matches_single_requests(self):
-        results, widest, worst = decode_batched(
-            self.model, self.prompts, {0: [("a", MAX_TOKENS)], 30: [("c", 80)]}
-        )
-        self.assertEqual(widest, 2)
-        self.assertMatchesAlone(results, {"a": MAX_TOKENS, "c": 80})
-        self.assertLessEqual(worst, GRAPH_BOUND)
-
-    def test_request_finishing_early_leaves_the_others_exact(self):
-        # The middle row finishes first and is filtered out of the batch.
-        inserts = {0: [("a", MAX_TOKENS), ("c", 40), ("b", MAX_TOKENS)]}
-        results, widest, worst = decode_batched(self.model, self.prompts, inserts)
-        self.assertEqual(widest, 3)
-        self.assertMatchesAlone(results, {"a": MAX_TOKENS, "c": 40, "b": MAX_TOKENS})
-        self.assertLessEqual(worst, GRAPH_BOUND)
-
-    def test_graph_check_catches_fields_left_out_of_the_hook(self):
-        # Negative control: without the hook, the open windows' rows chain.
-        with mock.patch.object(WindowCompressorCache, "cache_arrays", lambda self: []):
-            _, _, worst = decode_batched(
-                self.model, self.prompts, {0: [("a", 40), ("c", 40)]}
-            )
-        self.assertGreater(worst, GRAPH_BOUND)
-
-    def check_right_padding(self, prompts, step):
-        model = self.model
-        caches = [make_prompt_cache(model) for _ in prompts]
-        batch = PromptProcessingBatch(
-            model, list(range(len(prompts))), caches, prefill_step_size=step
-        )
-        batch.prompt(prompts)
-        self.assertEqual(batch.prompt_cache[0].offsets, [len(p) for p in prompts])
-        tokens = mx.array([[7], [8], [9]])[: len(prompts)]
-        out = model(tokens, batch.prompt_cache)
-        for i, prompt in enumerate(prompts):
-            cache = make_prompt_cache(model)
-            for j in range(0, len(prompt), step):
-                model(mx.array([prompt[j : j + step]]), cache)
-            expected = model(tokens[i : i + 1], cache)
-            self.assertLessEqual(max_diff(out[i : i + 1], expected), 1e-4)
-
-    def test_right_padding_over_several_forwards(self):
-        # One prompt call in several forwards: a row's padding may fill them.
-        prompts = [self.prompts[k][:n] for k, n in (("a", 37), ("c", 9), ("b", 25))]
-        self.check_right_padding(prompts, 8)
-
-    def test_long_right_padded_prompts_match_single_rows(self):
-        # Forwards longer than a query block attend in blocks.
-        self.assertGreater(len(self.long_prompts[0]), 2 * deepseek_v4._QUERY_BLOCK)
-        self.check_right_padding(self.long_prompts, 256)
-
-    def check_left_padding(self, prompts):
-        model = self.model
-        width = max(len(p) for p in prompts)
-        padding = [width - len(p) for p in prompts]
-        padded = mx.array([[0] * n + p for n, p in zip(padding, prompts)])
-        rows = [make_prompt_cache(model) for _ in prompts]
-        batch = [c[0].merge(list(c)) for c in zip(*rows)]
-        for c in batch:
-            c.prepare(left_padding=padding)
-        out = [model(padded, batch)[:, -1:]]
-        for c in batch:
-            c.finalize()
-        tokens = mx.array([[7], [8], [9]])[: len(prompts)]
-        out.append(model(tokens, batch))
-        for i, prompt in enumerate(prompts):
-            cache = make_prompt_cache(model)
-            expected = [model(mx.array([prompt]), cache)[:, -1:]]
-            expected.append(model(tokens[i : i + 1], cache))
-            for got, want in zip(out, expected):
-                self.assertLessEqual(max_diff(got[i : i + 1], want), 1e-4)
-
-    def test_left_padded_prompts_match_single_rows(self):
-        self.check_left_padding([self.prompts["a"], self.prompts["c"]])
-
-    def test_long_left_padded_prompts_match_single_rows(self):
-        self.check_left_padding(self.long_prompts)
+        steps = generate_step(mx.array([5, 6, 7]), model, prompt_cache=cache)
+        for _ in zip(range(48), steps):
+            self.assertLessEqual(max_cache_graph(cache), GRAPH_BOUND)
+        self.assertEqual(cache[0].offset, 3 + 48)
 
 
 try:
@@ -1248,29 +754,6 @@ def _community_predicate(path, module):
     return {"group_size": 64, "bits": 8, "mode": "affine"}
 
 
-class TestScaleLayout(unittest.TestCase):
-    def test_float_power_of_two_scales_equal_ue8m0(self):
-        weight = mx.random.randint(0, 120, (200, 320)).astype(mx.uint8)
-        exponents = mx.random.randint(120, 130, (2, 3)).astype(mx.uint8)
-        scales = mx.power(2.0, exponents.astype(mx.float32) - 127)
-        packed, expected = deepseek_v4._repack(weight, exponents, (128, 128))
-        _, got = deepseek_v4._repack(weight, scales, (128, 128))
-        self.assertTrue(mx.array_equal(got, expected))
-        self.assertEqual(packed.shape, (200, 80))
-        # One scale per row and 32 columns, from the block that holds them.
-        self.assertEqual(expected.shape, (200, 10))
-        self.assertEqual(expected[130, 4].item(), exponents[1, 1].item())
-        self.assertEqual(expected[127, 9].item(), exponents[0, 2].item())
-
-        with self.assertRaisesRegex(ValueError, "powers of two"):
-            deepseek_v4._repack(weight, scales * 1.5, (128, 128))
-        with self.assertRaisesRegex(ValueError, r"\(2, 2\)"):
-            deepseek_v4._repack(weight, exponents[:, :2], (128, 128))
-        # Blocks must hold whole groups of 32 columns.
-        with self.assertRaisesRegex(ValueError, "48-column blocks"):
-            deepseek_v4._repack(weight, mx.full((2, 7), 127, mx.uint8), (128, 48))
-
-
 class TestReleasedFormat(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -1434,58 +917,6 @@ class TestReleasedFormat(unittest.TestCase):
         self.assertTrue(all(after[k] is v for k, v in before.items()))
 
 
-class TestTransformersLayout(unittest.TestCase):
-    @unittest.skipIf(torch is None, "needs torch, safetensors and transformers")
-    def test_save_pretrained_loads_every_tensor(self):
-        from safetensors import safe_open
-        from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
-
-        config = {
-            k: v
-            for k, v in CONFIG.items()
-            if k not in ("compress_ratios", "num_hash_layers", "rope_scaling")
-        }
-        config["layer_types"] = [
-            "sliding_attention",
-            "compressed_sparse_attention",
-            "heavily_compressed_attention",
-            "compressed_sparse_attention",
-        ]
-        config["compress_rates"] = {
-            "compressed_sparse_attention": 4,
-            "heavily_compressed_attention": 8,
-        }
-        config["mlp_layer_types"] = ["hash_moe", "moe", "moe", "moe"]
-        torch.manual_seed(0)
-        reference = DeepseekV4ForCausalLM(DeepseekV4Config(**config))
-        for param in reference.parameters():
-            torch.nn.init.normal_(param, std=0.05)
-        with tempfile.TemporaryDirectory() as tmp:
-            reference.save_pretrained(tmp)
-            model, _ = load_model(Path(tmp))
-            with safe_open(str(Path(tmp) / "model.safetensors"), "pt") as f:
-                saved = {k: f.get_tensor(k) for k in f.keys()}
-
-        # transformers writes DeepSeek's names under "model.", with a few of
-        # its own (hc_head.hc_fn, attn.norm for kv_norm).
-        self.assertIn("model.layers.0.attn.norm.weight", saved)
-        self.assertIn("model.hc_head.hc_fn", saved)
-        params = dict(tree_flatten(model.parameters()))
-        unread = set(params)
-        for key, value in saved.items():
-            name, expert = key, None
-            for old, new in _TRANSFORMERS_NAMES:
-                name = re.sub(old, new, name)
-            if match := re.fullmatch(r"(.+)\.experts\.(\d+)\.(.+)", name):
-                name = f"{match[1]}.switch_mlp.{match[3]}"
-                expert = int(match[2])
-            loaded = params[name] if expert is None else params[name][expert]
-            value = value.numpy().reshape(loaded.shape)
-            self.assertTrue(np.array_equal(np.array(loaded), value), key)
-            unread.discard(name)
-        self.assertEqual(unread, set())
-
-
 class TestMLXConversions(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
@@ -1599,168 +1030,6 @@ class TestMLXConversions(unittest.TestCase):
                 with self.assertRaises(ValueError) as e:
                     load_model(path)
                 self.assertIn(field, str(e.exception))
-
-
-class TestHyperConnectionKernels(unittest.TestCase):
-    """collapse and expand through mlx_lm.kernels' hc_collapse and hc_expand
-    (MLX_LM_HC_KERNELS), against the ops."""
-
-    @staticmethod
-    def _hyper_connection(dims, seed=0):
-        args = deepseek_v41.ModelArgs(hidden_size=dims, hc_mult=4)
-        hc = deepseek_v4.HyperConnection(args)
-        mx.random.seed(seed)
-        hc.fn = 0.5 * mx.random.normal(hc.fn.shape)
-        hc.base = mx.random.normal(hc.base.shape)
-        hc.scale = mx.array([0.7, 1.3, 0.9])
-        return hc
-
-    @staticmethod
-    def _hc_ops(hc, streams, x):
-        """collapse and expand as the plain ops compute them."""
-        with mock.patch.object(deepseek_v4, "_use_hc_kernels", return_value=False):
-            collapsed, post, comb = hc.collapse(streams)
-            out = hc.expand(x, streams, post, comb)
-        return collapsed, post, comb, out
-
-    @unittest.skipIf(
-        not (mx.metal.is_available() or mx.cuda.is_available()),
-        "no Metal or CUDA kernels",
-    )
-    def test_kernels_match_the_ops(self):
-        # On Metal the kernels run only where asked for (MLX_LM_HC_KERNELS=1):
-        # asked for here.
-        with mock.patch.object(deepseek_v4, "_HC_KERNELS", True):
-            hc = self._hyper_connection(300)
-            for shape in ((2, 1, 4, 300), (1, 7, 4, 300)):
-                for dtype in (mx.float32, mx.bfloat16):
-                    streams = mx.random.normal(shape).astype(dtype)
-                    x = mx.random.normal((*shape[:2], 300)).astype(dtype)
-                    expected = self._hc_ops(hc, streams, x)
-                    collapsed, post, comb = hc.collapse(streams)
-                    out = hc.expand(x, streams, post, comb)
-                    rtol = 1e-5 if dtype == mx.float32 else 2**-7
-                    for got, want in zip((collapsed, post, comb, out), expected):
-                        self.assertEqual(got.shape, want.shape)
-                        self.assertEqual(got.dtype, want.dtype)
-                        got, want = got.astype(mx.float32), want.astype(mx.float32)
-                        self.assertTrue(mx.allclose(got, want, rtol=rtol, atol=1e-5))
-            # The first layer's streams: one row broadcast to every stream.
-            row = mx.random.normal((2, 5, 1, 300))
-            streams = mx.broadcast_to(row, (2, 5, 4, 300))
-            x = mx.random.normal((2, 5, 300))
-            collapsed, post, comb = hc.collapse(streams)
-            got = collapsed, post, comb, hc.expand(x, streams, post, comb)
-            for got, want in zip(got, self._hc_ops(hc, streams, x)):
-                self.assertTrue(mx.allclose(got, want, atol=1e-5))
-
-    def test_kernels_on_cuda_and_on_metal_where_asked_for(self):
-        def switch(value, cuda):
-            with mock.patch.dict(os.environ), mock.patch.object(
-                mx.cuda, "is_available", return_value=cuda
-            ):
-                os.environ.pop("MLX_LM_HC_KERNELS", None)
-                if value is not None:
-                    os.environ["MLX_LM_HC_KERNELS"] = value
-                return deepseek_v4._hc_kernels_switch()
-
-        # Unset: CUDA's kernels, Metal's ops; 1 or 0 decides on either.
-        self.assertTrue(switch(None, cuda=True))
-        self.assertFalse(switch(None, cuda=False))
-        self.assertTrue(switch("1", cuda=False))
-        self.assertFalse(switch("0", cuda=True))
-        with self.assertRaisesRegex(ValueError, "MLX_LM_HC_KERNELS must be 0 or 1"):
-            switch("yes", cuda=True)
-
-        # collapse and expand follow the switch on a GPU, and take the ops
-        # for more tokens than a CUDA grid's second axis holds.
-        limit = deepseek_v4._MAX_KERNEL_TOKENS
-        one, two = mx.zeros((1, limit, 4, 8)), mx.zeros((2, limit, 4, 8))
-        with mock.patch.object(
-            mx.cuda, "is_available", return_value=True
-        ), mock.patch.object(mx, "default_device", return_value=mx.gpu):
-            for on in (False, True):
-                with mock.patch.object(deepseek_v4, "_HC_KERNELS", on):
-                    self.assertEqual(deepseek_v4._use_hc_kernels(one), on)
-                    self.assertFalse(deepseek_v4._use_hc_kernels(two))
-
-    def test_kernels_have_the_gradient_of_the_ops(self):
-        # Stand-ins with the kernels' calls and, like GPU kernels, no
-        # gradient of their own.
-        def collapse_kernel(streams, mix, scale, base, eps, *, iters):
-            hc = streams.shape[-2]
-            mix = mix.reshape(*streams.shape[:-2], -1)
-            ids = mx.array([0] * hc + [1] * hc + [2] * hc**2)
-            mix = mix * scale[ids] + base
-            pre = mx.sigmoid(mix[..., :hc]) + eps
-            post = 2 * mx.sigmoid(mix[..., hc : 2 * hc])
-            comb = mx.softmax(mix[..., 2 * hc :].reshape(*mix.shape[:-1], hc, hc), -1)
-            comb = deepseek_v41._sinkhorn_ops(comb + eps, eps, iters)
-            x = deepseek_v41._collapse(streams, pre)
-            return [mx.stop_gradient(a) for a in (x, post, comb)]
-
-        def expand_kernel(*inputs):
-            return mx.stop_gradient(deepseek_v41._expand(*inputs))
-
-        hc = self._hyper_connection(16)
-        streams = mx.random.normal((2, 3, 4, 16))
-        x = mx.random.normal((2, 3, 16))
-        weights = [mx.random.normal(a.shape) for a in self._hc_ops(hc, streams, x)]
-
-        def loss(streams, x, fn):
-            hc.fn = fn
-            outputs = hc.collapse(streams)
-            outputs = (*outputs, hc.expand(x, streams, *outputs[1:]))
-            return sum((a * w).sum() for a, w in zip(outputs, weights))
-
-        grad = mx.grad(loss, argnums=(0, 1, 2))
-        with mock.patch.object(deepseek_v4, "_use_hc_kernels", return_value=False):
-            expected = grad(streams, x, hc.fn)
-        with mock.patch.object(
-            deepseek_v4, "hc_collapse", collapse_kernel
-        ), mock.patch.object(
-            deepseek_v4, "hc_expand", expand_kernel
-        ), mock.patch.object(
-            deepseek_v4, "_use_hc_kernels", return_value=True
-        ):
-            got = grad(streams, x, hc.fn)
-        for g, e in zip(got, expected):
-            self.assertGreater(mx.abs(e).max().item(), 1e-3)
-            self.assertTrue(mx.allclose(g, e, atol=1e-5))
-
-    def test_kernels_get_the_dtypes_they_read(self):
-        # The kernels read their other inputs as float32 (x in the streams'
-        # dtype), whatever the module's parameters are.
-        seen = {}
-
-        def recorder(name, outputs):
-            def kernel(*inputs, **kwargs):
-                seen[name] = [a.dtype for a in inputs]
-                return outputs(*inputs)
-
-            return kernel
-
-        def collapse_outputs(streams, *_):
-            lead, hc = streams.shape[:-2], streams.shape[-2]
-            shapes = (*lead, streams.shape[-1]), (*lead, hc), (*lead, hc, hc)
-            return [mx.zeros(s) for s in shapes]
-
-        hc = self._hyper_connection(16)
-        hc.set_dtype(mx.bfloat16)
-        streams = mx.random.normal((1, 1, 4, 16)).astype(mx.bfloat16)
-        x = mx.random.normal((1, 1, 16))
-        with mock.patch.object(
-            deepseek_v4, "hc_collapse", recorder("collapse", collapse_outputs)
-        ), mock.patch.object(
-            deepseek_v4, "hc_expand", recorder("expand", lambda x, r, p, c: r)
-        ), mock.patch.object(
-            deepseek_v4, "_use_hc_kernels", return_value=True
-        ):
-            _, post, comb = hc.collapse(streams)
-            hc.expand(x, streams, post.astype(mx.bfloat16), comb)
-        bf16, f32 = mx.bfloat16, mx.float32
-        self.assertEqual(seen["collapse"], [bf16, f32, f32, f32, f32])
-        self.assertEqual(seen["expand"], [bf16, bf16, f32, f32])
 
 
 if __name__ == "__main__":
