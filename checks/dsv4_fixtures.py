@@ -18,7 +18,6 @@ from mlx_lm.models import deepseek_v4
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from test_deepseek_v4 import (  # noqa: E402, F401
     _RELEASE_NAMES,
-    _TRANSFORMERS_NAMES,
     COMMUNITY_RULES,
     CONFIG,
     GRAPH_BOUND,
@@ -43,6 +42,18 @@ from test_deepseek_v4 import (  # noqa: E402, F401
     max_cache_graph,
     max_diff,
     random_weights,
+)
+
+# This model's names, from transformers' save_pretrained ones.
+_TRANSFORMERS_NAMES = (
+    (r"^head\.", "lm_head."),
+    (r"\.hc_head\.hc_", ".hc_head."),
+    (r"\.hc_(attn|ffn)_", r".\1_hc."),
+    (r"\.attn\.norm\.", ".attn.kv_norm."),
+    (r"\.gate\.bias$", ".gate.e_score_correction_bias"),
+    (r"\.w1\.", ".gate_proj."),
+    (r"\.w2\.", ".down_proj."),
+    (r"\.w3\.", ".up_proj."),
 )
 
 HAS_TORCH = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))

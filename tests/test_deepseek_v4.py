@@ -171,6 +171,9 @@ class TestDeepseekV4Config(unittest.TestCase):
         self.assertEqual(a.layer_types, b.layer_types)
         self.assertEqual(a.compress_rates, b.compress_rates)
         self.assertEqual(a.mlp_layer_types, b.mlp_layer_types)
+        # Both given, agreeing (the ratios with the MTP block's entry).
+        both = deepseek_v4.ModelArgs.from_dict({**TINY_CONFIG, **legacy})
+        self.assertEqual(both.layer_types, TINY_CONFIG["layer_types"])
 
     def test_nested_rope_parameters_are_read(self):
         config = dict(TINY_CONFIG)
@@ -184,20 +187,26 @@ class TestDeepseekV4Config(unittest.TestCase):
         self.assertEqual(args.rope_scaling["factor"], 4.0)
 
     def test_invalid_config_names_the_field(self):
-        bad = {
-            "layer_types": ["sliding_attention"] * 3,
-            "mlp_layer_types": ["hash_moe", "moe", "moe", "dense"],
-            "compress_rates": {"compressed_sparse_attention": 0},
-            "scoring_func": "softmax",
-            "num_key_value_heads": 2,
-        }
-        for field, value in bad.items():
-            with self.subTest(field=field):
-                with self.assertRaisesRegex(ValueError, field):
-                    deepseek_v4.ModelArgs.from_dict({**TINY_CONFIG, field: value})
-        config = {k: v for k, v in TINY_CONFIG.items() if k != "layer_types"}
-        with self.assertRaisesRegex(ValueError, "compress_ratios"):
-            deepseek_v4.ModelArgs.from_dict(config)
+        disagree = "`compress_ratios` and `layer_types` disagree on layer"
+        dense = ["hash_moe", "moe", "moe", "dense"]
+        for overrides, message in (
+            ({"layer_types": ["sliding_attention"] * 3}, "layer_types"),
+            ({"mlp_layer_types": dense}, "mlp_layer_types"),
+            ({"compress_rates": {"compressed_sparse_attention": 0}}, "compress_rates"),
+            ({"scoring_func": "softmax"}, "scoring_func"),
+            ({"num_key_value_heads": 2}, "num_key_value_heads"),
+            ({"layer_types": None}, "compress_ratios"),
+            ({"qk_rope_head_dim": 34}, "`qk_rope_head_dim` 34 is odd or above"),
+            ({"qk_rope_head_dim": 7}, "`qk_rope_head_dim` 7 is odd or above"),
+            ({"num_experts_per_tok": 9}, "`num_experts_per_tok` is more than"),
+            ({"o_groups": 3}, "`o_groups` 3 does not divide"),
+            ({"compress_ratios": [0, 4, 4, 4]}, f"{disagree} 2"),
+            ({"compress_ratios": [0, 4, 128, 4]}, f"{disagree} 2"),
+            ({"compress_ratios": [4] * 4}, f"{disagree} 0"),
+        ):
+            with self.subTest(**overrides):
+                with self.assertRaisesRegex(ValueError, message):
+                    deepseek_v4.ModelArgs.from_dict({**TINY_CONFIG, **overrides})
 
     def test_number_fields_of_the_wrong_type_are_named(self):
         kinds = (int, Optional[int], float, Optional[float])
@@ -210,31 +219,6 @@ class TestDeepseekV4Config(unittest.TestCase):
                     problems = [p.strip() for p in str(e.exception).splitlines()[1:]]
                     self.assertEqual(len(problems), 1)
                     self.assertTrue(problems[0].startswith(f"`{field.name}` "))
-
-    def test_fields_that_do_not_fit_together_are_named(self):
-        for overrides, message in (
-            ({"qk_rope_head_dim": 34}, "`qk_rope_head_dim` 34 is odd or above"),
-            ({"qk_rope_head_dim": 7}, "`qk_rope_head_dim` 7 is odd or above"),
-            ({"num_experts_per_tok": 9}, "`num_experts_per_tok` is more than"),
-            ({"o_groups": 3}, "`o_groups` 3 does not divide"),
-        ):
-            with self.subTest(**overrides):
-                with self.assertRaisesRegex(ValueError, message):
-                    deepseek_v4.ModelArgs.from_dict({**TINY_CONFIG, **overrides})
-
-    def test_compress_ratios_and_layer_types_must_agree(self):
-        # DeepSeek's list may carry one more entry, for the MTP block.
-        agreeing = {**TINY_CONFIG, "compress_ratios": [0, 4, 16, 4, 0]}
-        args = deepseek_v4.ModelArgs.from_dict(agreeing)
-        self.assertEqual(args.layer_types, TINY_CONFIG["layer_types"])
-        for ratios, layer in (([0, 4, 4, 4], 2), ([0, 4, 128, 4], 2), ([4] * 4, 0)):
-            with self.subTest(ratios=ratios):
-                config = {**TINY_CONFIG, "compress_ratios": ratios}
-                with self.assertRaisesRegex(
-                    ValueError,
-                    f"`compress_ratios` and `layer_types` disagree on layer {layer}",
-                ):
-                    deepseek_v4.ModelArgs.from_dict(config)
 
 
 class TestDeepseekV4(unittest.TestCase):
@@ -382,38 +366,26 @@ class TestDeepseekV4(unittest.TestCase):
 
 class TestDeepseekV4Training(unittest.TestCase):
 
-    def train(self, model, steps=2):
-        """Train model for steps through mlx_lm's trainer; return the losses."""
-
-        class Losses(tuner.callbacks.TrainingCallback):
-            def __init__(self):
-                self.losses = []
-
-            def on_train_loss_report(self, info):
-                self.losses.append(info["train_loss"])
-
-        mx.random.seed(4)
-        data = [(mx.random.randint(2, 300, (40,)).tolist(), 0) for _ in range(2)]
-        callback = Losses()
-        with tempfile.TemporaryDirectory() as tmp:
-            tuner.trainer.train(
-                model,
-                opt.Adam(learning_rate=1e-2),
-                data,
-                args=tuner.trainer.TrainingArgs(
-                    batch_size=2,
-                    iters=steps,
-                    steps_per_report=1,
-                    adapter_file=str(Path(tmp) / "adapters.safetensors"),
-                ),
-                training_callback=callback,
-            )
-        return callback.losses
-
     def assertTrains(self, model):
+        """Two steps of mlx_lm's trainer change the trainable parameters,
+        with finite losses."""
         before = dict(tree_flatten(model.trainable_parameters()))
         self.assertTrue(before)
-        losses = self.train(model)
+        losses, callback = [], tuner.callbacks.TrainingCallback()
+        callback.on_train_loss_report = lambda info: losses.append(info["train_loss"])
+        mx.random.seed(4)
+        data = [(mx.random.randint(2, 300, (40,)).tolist(), 0) for _ in range(2)]
+        with tempfile.TemporaryDirectory() as tmp:
+            args = tuner.trainer.TrainingArgs(
+                batch_size=2,
+                iters=2,
+                steps_per_report=1,
+                adapter_file=str(Path(tmp) / "adapters.safetensors"),
+            )
+            adam = opt.Adam(learning_rate=1e-2)
+            tuner.trainer.train(
+                model, adam, data, args=args, training_callback=callback
+            )
         self.assertEqual(len(losses), 2)
         self.assertTrue(all(math.isfinite(loss) for loss in losses))
         after = dict(tree_flatten(model.trainable_parameters()))
@@ -565,17 +537,6 @@ _RELEASE_NAMES = (
     (r"\.gate_proj\.", ".w1."),
     (r"\.down_proj\.", ".w2."),
     (r"\.up_proj\.", ".w3."),
-)
-# This model's names, from transformers' save_pretrained ones.
-_TRANSFORMERS_NAMES = (
-    (r"^head\.", "lm_head."),
-    (r"\.hc_head\.hc_", ".hc_head."),
-    (r"\.hc_(attn|ffn)_", r".\1_hc."),
-    (r"\.attn\.norm\.", ".attn.kv_norm."),
-    (r"\.gate\.bias$", ".gate.e_score_correction_bias"),
-    (r"\.w1\.", ".gate_proj."),
-    (r"\.w2\.", ".down_proj."),
-    (r"\.w3\.", ".up_proj."),
 )
 _FP8 = re.compile(
     r".*\.(attn\.w\w+|indexer\.wq_b|shared_experts\.w\d|[eh]_proj)\.weight"
@@ -779,24 +740,18 @@ class TestReleasedFormat(unittest.TestCase):
         model, _ = load_model(path, model_config={"mtp": True})
         expected, _ = load_model(reference, model_config={"mtp": True})
 
-        modes = _quantized_layers(model)
-        # The MTP block is fp8 as the layers are, its projections too.
-        for name in ("e_proj", "h_proj"):
-            self.assertEqual(modes.pop(f"mtp.0.{name}"), "mxfp8")
+        # The MTP block is fp8 as the layers are, its projections too; every
+        # other layer (embeddings, head, compressors) stays as shipped.
+        modes = {"mtp.0.e_proj": "mxfp8", "mtp.0.h_proj": "mxfp8"}
         layers = [f"model.layers.{i}" for i in range(CONFIG["num_hidden_layers"])]
         for layer, prefix in enumerate(layers + ["mtp.0"]):
-            names = ["wq_a", "wq_b", "wkv", "wo_a", "wo_b"]
-            for name in names:
-                self.assertEqual(modes.pop(f"{prefix}.attn.{name}"), "mxfp8")
+            names = [f"attn.{n}" for n in ("wq_a", "wq_b", "wkv", "wo_a", "wo_b")]
+            names += ["attn.indexer.wq_b"] * (CONFIG["compress_ratios"][layer] == 4)
             for proj in ("gate_proj", "up_proj", "down_proj"):
-                name = f"{prefix}.ffn.shared_experts.{proj}"
-                self.assertEqual(modes.pop(name), "mxfp8")
-                name = f"{prefix}.ffn.switch_mlp.{proj}"
-                self.assertEqual(modes.pop(name), expert_mode)
-            if CONFIG["compress_ratios"][layer] == 4:
-                self.assertEqual(modes.pop(f"{prefix}.attn.indexer.wq_b"), "mxfp8")
-        # Every other layer (embeddings, head, compressors) stays as shipped.
-        self.assertEqual(modes, {})
+                names.append(f"ffn.shared_experts.{proj}")
+                modes[f"{prefix}.ffn.switch_mlp.{proj}"] = expert_mode
+            modes.update({f"{prefix}.{name}": "mxfp8" for name in names})
+        self.assertEqual(_quantized_layers(model), modes)
 
         # The packed weights are exactly transformers' dequantized ones.
         reference_weights = dict(tree_flatten(expected.parameters()))
@@ -869,21 +824,18 @@ class TestReleasedFormat(unittest.TestCase):
 
     @unittest.skipIf(torch is None, "needs torch, safetensors and transformers")
     def test_bad_release_weights_name_every_key(self):
-        tensors = _release_tensors(self.weights)
-        del tensors["layers.1.ffn.experts.3.w2.weight"]
-        del tensors["layers.2.attn.wkv.scale"]
-        tensors["layers.0.attn.wq_a.scale"] = tensors["layers.0.attn.wq_a.scale"][:, :1]
-        config = dict(CONFIG, quantization_config=FP8_CONFIG)
-        _write(self.path / "bad", tensors, config)
+        bad = _release_tensors(self.weights)
+        del bad["layers.1.ffn.experts.3.w2.weight"], bad["layers.2.attn.wkv.scale"]
+        bad["layers.0.attn.wq_a.scale"] = bad["layers.0.attn.wq_a.scale"][:, :1]
         # What sanitize cannot pack, then what the model cannot take.
         unknown = _release_tensors(self.weights)
         unknown["layers.0.attn.unknown.weight"] = torch.zeros(2, 2)
         unknown["layers.3.attn_norm.weight"] = torch.ones(255)
-        _write(self.path / "unknown", unknown, config)
-
-        for folder, keys in (
+        config = dict(CONFIG, quantization_config=FP8_CONFIG)
+        for folder, tensors, keys in (
             (
                 "bad",
+                bad,
                 (
                     "layers.1.ffn.experts.0.w2.weight: parts missing [3]",
                     "layers.2.attn.wkv.weight: an fp8 or fp4 weight needs its scale",
@@ -892,18 +844,15 @@ class TestReleasedFormat(unittest.TestCase):
             ),
             (
                 "unknown",
+                unknown,
                 (
                     "layers.0.attn.unknown.weight: no parameter",
                     "layers.3.attn_norm.weight: has shape (255,)",
                 ),
             ),
         ):
-            with self.assertRaises(ValueError) as e:
-                load_model(self.path / folder)
-            message = str(e.exception)
-            for key in keys:
-                self.assertIn(key, message)
-            self.assertEqual(message.count("\n  "), len(keys))
+            _write(self.path / folder, tensors, config)
+            assert_load_names_every_key(self, self.path / folder, keys)
 
         # Nothing is half loaded into a model either.
         model = deepseek_v4.Model(deepseek_v4.ModelArgs.from_dict(config))
@@ -915,6 +864,18 @@ class TestReleasedFormat(unittest.TestCase):
             model.load_weights(list(model.sanitize(weights).items()))
         after = dict(tree_flatten(model.parameters()))
         self.assertTrue(all(after[k] is v for k, v in before.items()))
+
+
+def assert_load_names_every_key(test, path, keys):
+    """Loading path fails naming each key, in one line per problem where
+    the message lists them."""
+    with test.assertRaises(ValueError) as e:
+        load_model(path)
+    message = str(e.exception)
+    for key in keys:
+        test.assertIn(key, message)
+    if "\n" in message:
+        test.assertEqual(message.count("\n  "), len(keys))
 
 
 class TestMLXConversions(unittest.TestCase):
@@ -984,52 +945,47 @@ class TestMLXConversions(unittest.TestCase):
         self.assertEqual(_quantized_layers(model), _quantized_layers(self.model))
         self.assertTrue(mx.array_equal(model(TOKENS), self.expected))
 
-    def test_unmappable_keys_are_named(self):
-        weights = dict(self.weights)
-        weights["model.layers.0.attn.wo_c.weight"] = mx.zeros((2, 2))
-        weights["model.layers.1.ffn.experts.w4.weight"] = mx.zeros((2, 2))
-        path = self._save("unmappable", weights, self.config)
-        with self.assertRaises(ValueError) as e:
-            load_model(path)
-        message = str(e.exception)
-        self.assertIn("model.layers.0.attn.wo_c.weight", message)
-        self.assertIn("model.layers.1.ffn.experts.w4.weight", message)
-        self.assertIn("Cannot load 2 ", message)
-
-        weights = dict(self.weights)
-        wo_a = weights.pop("model.layers.2.attn.wo_a.weight")
-        weights["model.layers.2.attn.wo_a.0.weight"] = wo_a[0]
-        path = self._save("parts", weights, self.config)
-        with self.assertRaisesRegex(
-            ValueError, "model.layers.2.attn.wo_a.0.weight: parts missing \\[1\\]"
-        ):
-            load_model(path)
-
-    def test_invalid_config_names_the_field(self):
-        cases = (
+    def test_bad_checkpoints_name_every_key(self):
+        unmappable = dict(self.weights)
+        unmappable["model.layers.0.attn.wo_c.weight"] = mx.zeros((2, 2))
+        unmappable["model.layers.1.ffn.experts.w4.weight"] = mx.zeros((2, 2))
+        parts = dict(self.weights)
+        wo_a = parts.pop("model.layers.2.attn.wo_a.weight")
+        parts["model.layers.2.attn.wo_a.0.weight"] = wo_a[0]
+        entry = {"group_size": 64, "bits": 8, "mode": "mxfp8"}
+        quantization = {"group_size": 64, "bits": 8, "model.layers.0.attn.wq_a": entry}
+        for folder, weights, config, keys in (
             (
-                {
-                    "quantization": {
-                        "group_size": 64,
-                        "bits": 8,
-                        "model.layers.0.attn.wq_a": {
-                            "group_size": 64,
-                            "bits": 8,
-                            "mode": "mxfp8",
-                        },
-                    }
-                },
-                "quantization.model.layers.0.attn.wq_a",
+                "unmappable",
+                unmappable,
+                self.config,
+                (
+                    "model.layers.0.attn.wo_c.weight",
+                    "model.layers.1.ffn.experts.w4.weight",
+                ),
             ),
-            ({"compress_ratios": [0, 4]}, "compress_ratios"),
-        )
-        for change, field in cases:
-            config = dict(CONFIG, **change)
-            path = self._save(f"config-{field}-{len(change)}", self.weights, config)
-            with self.subTest(field=field):
-                with self.assertRaises(ValueError) as e:
-                    load_model(path)
-                self.assertIn(field, str(e.exception))
+            (
+                "parts",
+                parts,
+                self.config,
+                ("model.layers.2.attn.wo_a.0.weight: parts missing [1]",),
+            ),
+            (
+                "quantization",
+                self.weights,
+                dict(CONFIG, quantization=quantization),
+                ("quantization.model.layers.0.attn.wq_a",),
+            ),
+            (
+                "ratios",
+                self.weights,
+                dict(CONFIG, compress_ratios=[0, 4]),
+                ("`compress_ratios` needs 4 ratios",),
+            ),
+        ):
+            with self.subTest(folder):
+                path = self._save(folder, weights, config)
+                assert_load_names_every_key(self, path, keys)
 
 
 if __name__ == "__main__":
