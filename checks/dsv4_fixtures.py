@@ -34,7 +34,6 @@ from test_deepseek_v4 import (  # noqa: E402, F401
     _release_name,
     _release_tensors,
     _write,
-    _write_tokenizer,
     graph_edges,
     make_tiny_model,
     make_tiny_model_folder,

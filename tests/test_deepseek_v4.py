@@ -156,6 +156,17 @@ def max_diff(a, b):
     return mx.abs(a.astype(mx.float32) - b.astype(mx.float32)).max().item()
 
 
+GRAPH_BOUND = 8
+
+# A CSA and an HCA layer.
+SMALL_CONFIG = {
+    **TINY_CONFIG,
+    "num_hidden_layers": 2,
+    "layer_types": TINY_CONFIG["layer_types"][1:3],
+    "mlp_layer_types": ["hash_moe", "moe"],
+}
+
+
 class TestDeepseekV4Config(unittest.TestCase):
 
     def test_both_config_schemas_give_the_same_layers(self):
@@ -235,17 +246,11 @@ class TestDeepseekV4(unittest.TestCase):
 
     def test_decode_and_chunked_prefill_equal_one_forward(self):
         # One layer of each type, to keep the 600 decode steps quick.
-        config = {
-            **TINY_CONFIG,
-            "num_hidden_layers": 3,
-            "layer_types": [
-                "compressed_sparse_attention",
-                "heavily_compressed_attention",
-                "sliding_attention",
-            ],
-            "mlp_layer_types": ["hash_moe", "moe", "moe"],
-        }
-        model = make_tiny_model(config)
+        types = SMALL_CONFIG["layer_types"] + TINY_CONFIG["layer_types"][:1]
+        config = {**SMALL_CONFIG, "num_hidden_layers": 3, "layer_types": types}
+        model = make_tiny_model(
+            {**config, "mlp_layer_types": ["hash_moe", "moe", "moe"]}
+        )
         mx.random.seed(2)
         n = 600
         inputs = mx.random.randint(0, 300, (1, n))
@@ -409,17 +414,6 @@ class TestDeepseekV4Training(unittest.TestCase):
         self.assertTrains(model)
         gate = model.layers[0].ffn.gate
         self.assertEqual(gate.tid2eid.dtype, mx.int32)
-
-
-GRAPH_BOUND = 8
-
-# A CSA and an HCA layer.
-SMALL_CONFIG = {
-    **TINY_CONFIG,
-    "num_hidden_layers": 2,
-    "layer_types": TINY_CONFIG["layer_types"][1:3],
-    "mlp_layer_types": ["hash_moe", "moe"],
-}
 
 
 def graph_edges(a):
@@ -672,24 +666,6 @@ def _write(path, tensors, config):
         json.dump(config, f)
 
 
-def _write_tokenizer(path):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    # The chat format's tokens first (BOS and EOS), then plain words.
-    words = list(special_tokens)
-    words += [f"t{i}" for i in range(len(words), CONFIG["vocab_size"])]
-    vocab = {w: i for i, w in enumerate(words)}
-    tokenizer = Tokenizer(models.WordLevel(vocab, unk_token=words[-1]))
-    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
-    PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token=words[0],
-        eos_token=words[1],
-        unk_token=words[-1],
-    ).save_pretrained(path)
-
-
 def _float32(model):
     """Cast the float parameters, so outputs compare in float32."""
 
@@ -803,7 +779,7 @@ class TestReleasedFormat(unittest.TestCase):
         from mlx_lm.convert import convert
 
         path, _ = self._write_release("convert-source")
-        _write_tokenizer(path)
+        make_tiny_tokenizer(path, CONFIG["vocab_size"])
         # With the MTP block, which convert keeps.
         mtp = {"mtp": True}
         source, config = load_model(path, model_config=mtp)
