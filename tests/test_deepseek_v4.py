@@ -15,19 +15,22 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as opt
 import numpy as np
-from mlx.utils import tree_flatten, tree_map, tree_unflatten
+from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.generate import generate_step
 from mlx_lm.utils import load_model, quantize_model, save_config, save_model
 
 from mlx_lm import tuner
+from mlx_lm.chat_templates.deepseek_v4 import special_tokens
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
     CompressorCache,
     SharedWindowCache,
     WindowCompressorCache,
+    WindowRows,
     load_prompt_cache,
     make_prompt_cache,
     save_prompt_cache,
+    trim_prompt_cache,
 )
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
 
@@ -93,18 +96,6 @@ def random_weights(model, seed=0):
     return model
 
 
-# The tokens of DeepSeek-V4's chat format (BOS and EOS first), as
-# mlx_lm/chat_templates/deepseek_v4.py checks them at load.
-special_tokens = (
-    "<｜begin▁of▁sentence｜>",
-    "<｜end▁of▁sentence｜>",
-    "<｜User｜>",
-    "<｜Assistant｜>",
-    "<think>",
-    "</think>",
-)
-
-
 def make_tiny_model(config=None, seed=0):
     args = deepseek_v4.ModelArgs.from_dict(config or TINY_CONFIG)
     return random_weights(deepseek_v4.Model(args), seed)
@@ -167,21 +158,38 @@ SMALL_CONFIG = {
 }
 
 
+def graph_edges(a):
+    """Edges of the unevaluated graph behind a (0 once it is evaluated)."""
+    f = io.StringIO()
+    mx.export_to_dot(f, a)
+    return f.getvalue().count("->")
+
+
+def max_cache_graph(cache):
+    """The largest graph behind any array that any layer's cache holds."""
+    return max(
+        (
+            graph_edges(v)
+            for layer_cache in cache
+            for c in layer_cache.caches
+            for v in vars(c).values()
+            if isinstance(v, mx.array)
+        ),
+        default=0,
+    )
+
+
 class TestDeepseekV4Config(unittest.TestCase):
 
     def test_both_config_schemas_give_the_same_layers(self):
-        legacy = {
-            k: v
-            for k, v in TINY_CONFIG.items()
-            if k not in ("layer_types", "compress_rates", "mlp_layer_types")
-        }
+        fields = ("layer_types", "compress_rates", "mlp_layer_types")
+        legacy = {k: v for k, v in TINY_CONFIG.items() if k not in fields}
         # DeepSeek's list has one more entry, for the MTP block.
         legacy.update(compress_ratios=[0, 4, 16, 4, 0], num_hash_layers=2)
         a = deepseek_v4.ModelArgs.from_dict(TINY_CONFIG)
         b = deepseek_v4.ModelArgs.from_dict(legacy)
-        self.assertEqual(a.layer_types, b.layer_types)
-        self.assertEqual(a.compress_rates, b.compress_rates)
-        self.assertEqual(a.mlp_layer_types, b.mlp_layer_types)
+        for field in fields:
+            self.assertEqual(getattr(a, field), getattr(b, field))
         # Both given, agreeing (the ratios with the MTP block's entry).
         both = deepseek_v4.ModelArgs.from_dict({**TINY_CONFIG, **legacy})
         self.assertEqual(both.layer_types, TINY_CONFIG["layer_types"])
@@ -240,9 +248,8 @@ class TestDeepseekV4(unittest.TestCase):
         inputs = mx.random.randint(0, 300, (2, 70))
         both = model(inputs)
         for i in range(2):
-            self.assertLessEqual(
-                max_diff(both[i : i + 1], model(inputs[i : i + 1])), 1e-5
-            )
+            row = inputs[i : i + 1]
+            self.assertLessEqual(max_diff(both[i : i + 1], model(row)), 1e-5)
 
     def test_decode_and_chunked_prefill_equal_one_forward(self):
         # One layer of each type, to keep the 600 decode steps quick.
@@ -324,10 +331,15 @@ class TestDeepseekV4(unittest.TestCase):
         grad = dict(tree_flatten(grads))["model.layers.1.attn.wq_b.weight"]
         self.assertGreater(mx.abs(grad).max().item(), 0.0)
 
-    def test_caches_merge_into_batches(self):
-        # The server batches only caches that have merge.
-        model = make_tiny_model()
-        self.assertTrue(all(hasattr(c, "merge") for c in make_prompt_cache(model)))
+    def test_cache_graph_stays_bounded_over_decode_steps(self):
+        # Decode as the library does, evaluating only the tokens: every cache
+        # array is materialized with them, the pools grown in place.
+        model = make_tiny_model(SMALL_CONFIG)
+        cache = make_prompt_cache(model)
+        steps = generate_step(mx.array([5, 6, 7]), model, prompt_cache=cache)
+        for _ in zip(range(48), steps):
+            self.assertLessEqual(max_cache_graph(cache), GRAPH_BOUND)
+        self.assertEqual(cache[0].offset, 3 + 48)
 
     def test_prompt_cache_save_load_round_trip(self):
         model = make_tiny_model()
@@ -335,6 +347,8 @@ class TestDeepseekV4(unittest.TestCase):
         inputs = mx.random.randint(0, 300, (1, 150))
         cache = model.make_cache()
         mx.eval(model(inputs[:, :130], cache))
+        # Trimmed before the save: the loaded cache trims only what it could.
+        self.assertEqual(trim_prompt_cache(cache, 20), 20)
         with tempfile.TemporaryDirectory() as tmp:
             file = str(Path(tmp) / "cache.safetensors")
             save_prompt_cache(file, cache)
@@ -349,9 +363,38 @@ class TestDeepseekV4(unittest.TestCase):
         )
         for a, b in zip(cache, loaded):
             self.assertEqual((a.offset, a.behind), (b.offset, b.behind))
-        for i in range(130, 150):
+        self.assertEqual(trim_prompt_cache(loaded, 13), 0)
+        for i in range(110, 150):
             token = inputs[:, i : i + 1]
             self.assertEqual(max_diff(model(token, cache), model(token, loaded)), 0.0)
+        self.assertEqual(trim_prompt_cache(loaded, 33), trim_prompt_cache(cache, 33))
+
+    def test_compressors_pool_as_a_plain_reference(self):
+        # Entry w: per feature, a softmax of the gates (plus ape) over window
+        # w's rows and, overlapped, the first half of window w - 1's; then
+        # rms-normed and rotated to position w * ratio. Fed in three calls.
+        model = make_tiny_model()
+        x = mx.random.normal((1, 40, 32))
+        for c in (model.layers[1].attn.compressor, model.layers[2].attn.compressor):
+            cache = CompressorCache(c.ratio, c.overlap)
+            for start, end in ((0, 7), (7, 8), (8, 40)):
+                rows = WindowRows([start], [0], [end - start], end - start)
+                pool = c(x[:, start:end], cache, rows)
+            r, d, n = c.ratio, c.head_dim, 40 // c.ratio
+            kv, gate = np.array(c.wkv(x)[0]), np.array(c.wgate(x)[0])
+            gate = gate + np.resize(np.array(c.ape), gate.shape)
+            ref = []
+            for w in range(n):
+                k, g = kv[w * r : w * r + r, -d:], gate[w * r : w * r + r, -d:]
+                if c.overlap and w > 0:
+                    k = np.concatenate([kv[w * r - r : w * r, :d], k])
+                    g = np.concatenate([gate[w * r - r : w * r, :d], g])
+                p = np.exp(g - g.max(0))
+                e = (p / p.sum(0) * k).sum(0)
+                ref.append(e / np.sqrt((e**2).mean() + c.norm.eps))
+            ref = mx.array(np.stack(ref))[None] * c.norm.weight
+            ref = deepseek_v4._rope(ref, c._freqs, mx.array([0]), float(r))
+            self.assertLessEqual(max_diff(pool[:, :n], ref), 1e-5)
 
     def test_tiny_folder_loads_and_generates(self):
         from mlx_lm import load, stream_generate
@@ -364,7 +407,9 @@ class TestDeepseekV4(unittest.TestCase):
         # Greedy decoding never meets EOS here, so it runs to the limit.
         self.assertEqual(last.generation_tokens, 60)
         self.assertEqual(last.finish_reason, "length")
-        cache = model.make_cache()
+        cache = make_prompt_cache(model)
+        # The server batches only caches that have merge.
+        self.assertTrue(all(hasattr(c, "merge") for c in cache))
         self.assertIsInstance(cache[0], WindowCompressorCache)
         self.assertIsInstance(cache[0].window, SharedWindowCache)
 
@@ -412,42 +457,7 @@ class TestDeepseekV4Training(unittest.TestCase):
         for layer in model.layers:
             layer.unfreeze()
         self.assertTrains(model)
-        gate = model.layers[0].ffn.gate
-        self.assertEqual(gate.tid2eid.dtype, mx.int32)
-
-
-def graph_edges(a):
-    """Edges of the unevaluated graph behind a (0 once it is evaluated)."""
-    f = io.StringIO()
-    mx.export_to_dot(f, a)
-    return f.getvalue().count("->")
-
-
-def max_cache_graph(cache):
-    """The largest graph behind any array that any layer's cache holds."""
-    return max(
-        (
-            graph_edges(v)
-            for layer_cache in cache
-            for c in layer_cache.caches
-            for v in vars(c).values()
-            if isinstance(v, mx.array)
-        ),
-        default=0,
-    )
-
-
-class TestDeepseekV4CacheGraph(unittest.TestCase):
-
-    def test_cache_graph_stays_bounded_over_decode_steps(self):
-        # Decode as the library does, evaluating only the tokens: every cache
-        # array is materialized with them, the pools grown in place.
-        model = make_tiny_model(SMALL_CONFIG)
-        cache = make_prompt_cache(model)
-        steps = generate_step(mx.array([5, 6, 7]), model, prompt_cache=cache)
-        for _ in zip(range(48), steps):
-            self.assertLessEqual(max_cache_graph(cache), GRAPH_BOUND)
-        self.assertEqual(cache[0].offset, 3 + 48)
+        self.assertEqual(model.layers[0].ffn.gate.tid2eid.dtype, mx.int32)
 
 
 try:
@@ -616,10 +626,7 @@ def _release_tensors(weights, expert_dtype="fp4"):
         if ".switch_mlp." in name:
             for e in range(array.shape[0]):
                 expert = key.replace(".switch_mlp.", f".experts.{e}.")
-                if expert_dtype == "fp4":
-                    q, s = _fp4_rows(array[e])
-                else:
-                    q, s = _fp8_blocks(array[e])
+                q, s = (_fp4_rows if expert_dtype == "fp4" else _fp8_blocks)(array[e])
                 tensors[expert] = q
                 tensors[expert.replace(".weight", ".scale")] = s
         elif _FP8.fullmatch(key):
@@ -668,11 +675,7 @@ def _write(path, tensors, config):
 
 def _float32(model):
     """Cast the float parameters, so outputs compare in float32."""
-
-    def cast(v):
-        return v.astype(mx.float32) if mx.issubdtype(v.dtype, mx.floating) else v
-
-    model.update(tree_map(cast, model.parameters()))
+    model.set_dtype(mx.float32)
     return model
 
 
@@ -695,12 +698,9 @@ class TestReleasedFormat(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
+        cls.addClassCleanup(cls.tmp.cleanup)
         cls.path = Path(cls.tmp.name)
         cls.weights = _random_weights(CONFIG)
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
 
     def _write_release(self, name, expert_dtype="fp4", tag_experts=True):
         tensors = _release_tensors(self.weights, expert_dtype)
@@ -708,8 +708,7 @@ class TestReleasedFormat(unittest.TestCase):
         if tag_experts:
             config["quantization_config"]["expert_dtype"] = expert_dtype
         _write(self.path / name, tensors, config)
-        reference = dict(CONFIG)
-        _write(self.path / f"{name}-dequantized", _dequantized(tensors), reference)
+        _write(self.path / f"{name}-dequantized", _dequantized(tensors), CONFIG)
         return self.path / name, self.path / f"{name}-dequantized"
 
     def _check_against_dequantized(self, path, reference, expert_mode):
@@ -807,25 +806,19 @@ class TestReleasedFormat(unittest.TestCase):
         unknown = _release_tensors(self.weights)
         unknown["layers.0.attn.unknown.weight"] = torch.zeros(2, 2)
         unknown["layers.3.attn_norm.weight"] = torch.ones(255)
+        bad_keys = (
+            "layers.1.ffn.experts.0.w2.weight: parts missing [3]",
+            "layers.2.attn.wkv.weight: an fp8 or fp4 weight needs its scale",
+            "layers.0.attn.wq_a.weight: its scale has shape (1, 1)",
+        )
+        unknown_keys = (
+            "layers.0.attn.unknown.weight: no parameter",
+            "layers.3.attn_norm.weight: has shape (255,)",
+        )
         config = dict(CONFIG, quantization_config=FP8_CONFIG)
         for folder, tensors, keys in (
-            (
-                "bad",
-                bad,
-                (
-                    "layers.1.ffn.experts.0.w2.weight: parts missing [3]",
-                    "layers.2.attn.wkv.weight: an fp8 or fp4 weight needs its scale",
-                    "layers.0.attn.wq_a.weight: its scale has shape (1, 1)",
-                ),
-            ),
-            (
-                "unknown",
-                unknown,
-                (
-                    "layers.0.attn.unknown.weight: no parameter",
-                    "layers.3.attn_norm.weight: has shape (255,)",
-                ),
-            ),
+            ("bad", bad, bad_keys),
+            ("unknown", unknown, unknown_keys),
         ):
             _write(self.path / folder, tensors, config)
             assert_load_names_every_key(self, self.path / folder, keys)
@@ -858,6 +851,7 @@ class TestMLXConversions(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
         cls.tmp = tempfile.TemporaryDirectory()
+        cls.addClassCleanup(cls.tmp.cleanup)
         cls.path = Path(cls.tmp.name)
         # With its MTP block, as conversions keep it.
         args = deepseek_v4.ModelArgs.from_dict({**CONFIG, "mtp": True})
@@ -868,10 +862,6 @@ class TestMLXConversions(unittest.TestCase):
         )
         cls.expected = cls.model(TOKENS)
         cls.weights = dict(tree_flatten(cls.model.parameters()))
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.tmp.cleanup()
 
     def _save(self, name, weights, config):
         path = self.path / name
@@ -926,38 +916,19 @@ class TestMLXConversions(unittest.TestCase):
         unmappable["model.layers.0.attn.wo_c.weight"] = mx.zeros((2, 2))
         unmappable["model.layers.1.ffn.experts.w4.weight"] = mx.zeros((2, 2))
         parts = dict(self.weights)
-        wo_a = parts.pop("model.layers.2.attn.wo_a.weight")
-        parts["model.layers.2.attn.wo_a.0.weight"] = wo_a[0]
+        wo_a_0 = "model.layers.2.attn.wo_a.0.weight"
+        parts[wo_a_0] = parts.pop("model.layers.2.attn.wo_a.weight")[0]
+        wq_a = "model.layers.0.attn.wq_a"
         entry = {"group_size": 64, "bits": 8, "mode": "mxfp8"}
-        quantization = {"group_size": 64, "bits": 8, "model.layers.0.attn.wq_a": entry}
+        quantization = {"group_size": 64, "bits": 8, wq_a: entry}
+        quantized = dict(CONFIG, quantization=quantization)
+        extra = set(unmappable) - set(self.weights)
+        ratios = dict(CONFIG, compress_ratios=[0, 4])
         for folder, weights, config, keys in (
-            (
-                "unmappable",
-                unmappable,
-                self.config,
-                (
-                    "model.layers.0.attn.wo_c.weight",
-                    "model.layers.1.ffn.experts.w4.weight",
-                ),
-            ),
-            (
-                "parts",
-                parts,
-                self.config,
-                ("model.layers.2.attn.wo_a.0.weight: parts missing [1]",),
-            ),
-            (
-                "quantization",
-                self.weights,
-                dict(CONFIG, quantization=quantization),
-                ("quantization.model.layers.0.attn.wq_a",),
-            ),
-            (
-                "ratios",
-                self.weights,
-                dict(CONFIG, compress_ratios=[0, 4]),
-                ("`compress_ratios` needs 4 ratios",),
-            ),
+            ("unmappable", unmappable, self.config, extra),
+            ("parts", parts, self.config, [f"{wo_a_0}: parts missing [1]"]),
+            ("quantization", self.weights, quantized, [f"quantization.{wq_a}"]),
+            ("ratios", self.weights, ratios, ["`compress_ratios` needs 4 ratios"]),
         ):
             with self.subTest(folder):
                 path = self._save(folder, weights, config)

@@ -400,16 +400,8 @@ class Router(nn.Module):
     ) -> tuple[mx.array, mx.array]:
         hashed = "tid2eid" in self
         choice = self.tid2eid[input_ids] if hashed else self.e_score_correction_bias
-        return _route(
-            x,
-            self.weight,
-            choice,
-            hashed,
-            self.top_k,
-            self.gate_temp,
-            self.norm_topk_prob,
-            self.route_scale,
-        )
+        args = self.top_k, self.gate_temp, self.norm_topk_prob, self.route_scale
+        return _route(x, self.weight, choice, hashed, *args)
 
 
 def _route(x, weight, choice, hashed, top_k, temp, norm, scale):
