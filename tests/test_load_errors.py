@@ -21,8 +21,7 @@ from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes
 
 from mlx_lm import load, server
-from mlx_lm.chat_templates.deepseek_v4 import (bos_token, eos_token,
-                                               special_tokens)
+from mlx_lm.chat_templates.deepseek_v4 import bos_token, eos_token, special_tokens
 
 # Tiny folders: a Llama; a Mamba, whose cache cannot be quantized; a Qwen3.5,
 # whose config nests its fields in text_config.
