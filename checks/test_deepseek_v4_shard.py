@@ -109,14 +109,9 @@ import sys
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-sys.path.insert(0, {tests!r})
-from dsv4_fixtures import (
-    decode_alone,
-    decode_batched,
-    make_tiny_model,
-    max_cache_graph,
-    max_diff,
-)
+sys.path.insert(0, {checks!r})
+from dsv4_fixtures import make_tiny_model, max_cache_graph, max_diff
+from test_deepseek_v4_long import decode_alone, decode_batched
 
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache, trim_prompt_cache
 
@@ -499,7 +494,7 @@ class TestDeepseekV4Pipeline(unittest.TestCase):
 
     def check_pipeline(self, ranks, cases, steps=PIPELINE_STEPS):
         script = PIPELINE_SCRIPT.format(
-            tests=str(TESTS),
+            checks=str(Path(__file__).resolve().parent),
             cases=json.dumps(cases),
             prompt=PIPELINE_PROMPT,
             steps=steps,
