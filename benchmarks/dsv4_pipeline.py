@@ -33,6 +33,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_map_with_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "checks"))
 from mlx_lm.generate import generate_step  # noqa: E402
 from mlx_lm.utils import quantize_model  # noqa: E402
 from test_deepseek_v4 import TINY_CONFIG, make_tiny_model  # noqa: E402

@@ -1,25 +1,100 @@
 # Copyright © 2026 Apple Inc.
 
+import http.client
 import json
 import os
+import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import unittest
 import urllib.error
 import urllib.request
+from http.server import ThreadingHTTPServer
 from pathlib import Path
+from unittest import mock
 
-from test_deepseek_v4 import make_tiny_model_folder, make_tiny_tokenizer
-from test_server_requests import ServerThread, user
+import mlx.core as mx
+from mlx.utils import tree_flatten
+from mlx_lm.utils import _get_classes
 
-from mlx_lm import load
-from mlx_lm.chat_templates.deepseek_v4 import bos_token, eos_token
+from mlx_lm import load, server
+from mlx_lm.chat_templates.deepseek_v4 import bos_token, eos_token, special_tokens
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-from long_decode import make_model_folder  # noqa: E402
-from server_soak import free_port  # noqa: E402
+# Tiny folders: a Llama; a Mamba, whose cache cannot be quantized; a Qwen3.5,
+# whose config nests its fields in text_config.
+LLAMA = {
+    "model_type": "llama",
+    "vocab_size": 64,
+    "hidden_size": 16,
+    "intermediate_size": 32,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 2,
+    "num_key_value_heads": 2,
+    "rms_norm_eps": 1e-5,
+}
+MAMBA = {
+    "model_type": "mamba",
+    "vocab_size": 64,
+    "hidden_size": 16,
+    "intermediate_size": 32,
+    "state_size": 4,
+    "num_hidden_layers": 1,
+    "conv_kernel": 3,
+    "use_bias": False,
+    "use_conv_bias": True,
+    "time_step_rank": 4,
+}
+QWEN3_5 = {
+    "model_type": "qwen3_5",
+    "text_config": {
+        **LLAMA,
+        "model_type": "qwen3_5_text",
+        "head_dim": 8,
+        "linear_num_value_heads": 2,
+        "linear_num_key_heads": 2,
+        "linear_key_head_dim": 8,
+        "linear_value_head_dim": 8,
+        "full_attention_interval": 1,
+    },
+}
+
+
+def make_tokenizer(path, tokens=special_tokens):
+    """A word-level tokenizer of 64 words, ``tokens`` first, that names
+    DeepSeek-V4's chat format (whose tokens load checks)."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = list(tokens) + [f"w{i}" for i in range(len(tokens), 64)]
+    tokenizer = Tokenizer(models.WordLevel(dict(zip(words, range(64))), "w63"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token=bos_token, eos_token=eos_token
+    ).save_pretrained(path)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config["chat_template_type"] = "deepseek_v4"
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+
+
+def make_folder(path, config=LLAMA):
+    """A folder ``mlx_lm.load`` reads: config, random weights, tokenizer."""
+    path.mkdir(parents=True)
+    model_class, args_class = _get_classes(config)
+    model = model_class(args_class.from_dict(config))
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    (path / "config.json").write_text(json.dumps(config))
+    make_tokenizer(path)
+    return path
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 # Faults of a model folder; each returns what the error must name.
@@ -31,7 +106,7 @@ def truncate_weights(path):
 
 
 def drop_chat_tokens(path):
-    make_tiny_tokenizer(path, 300, special_tokens=[bos_token, eos_token])
+    make_tokenizer(path, tokens=[bos_token, eos_token])
     return "<｜User｜>"
 
 
@@ -81,13 +156,13 @@ class TemporaryFolderTestCase(unittest.TestCase):
 class TestBadModelFolders(TemporaryFolderTestCase):
 
     def test_truncated_safetensors_name_the_file(self):
-        path = make_tiny_model_folder(self.tmp / "model")
+        path = make_folder(self.tmp / "model")
         truncate_weights(path)
         with self.assertRaisesRegex(ValueError, "model.safetensors"):
             load(str(path))
 
     def test_tokenizer_without_the_chat_tokens_names_them(self):
-        path = make_tiny_model_folder(self.tmp / "model")
+        path = make_folder(self.tmp / "model")
         drop_chat_tokens(path)
         with self.assertRaisesRegex(ValueError, "<｜User｜>.*deepseek_v4"):
             load(str(path))
@@ -100,12 +175,9 @@ class TestBadModelFolders(TemporaryFolderTestCase):
                     load(str(path))
 
     def test_mistyped_config_values_name_the_field(self):
-        for model_type, key in (
-            ("deepseek_v4", "num_attention_heads"),
-            ("qwen3_5", "hidden_size"),
-        ):
-            with self.subTest(model_type=model_type):
-                path = make_model_folder(self.tmp / model_type, model_type)
+        for config, key in ((LLAMA, "num_attention_heads"), (QWEN3_5, "hidden_size")):
+            with self.subTest(model_type=config["model_type"]):
+                path = make_folder(self.tmp / config["model_type"], config)
                 named = mistype_config(path, key)
                 with self.assertRaisesRegex(ValueError, named):
                     load(str(path))
@@ -122,7 +194,7 @@ class TestServerWithBadModelFolders(TemporaryFolderTestCase):
         faults = (truncate_weights, drop_chat_tokens, mistype_config)
         folders = []
         for fault in faults:
-            path = make_tiny_model_folder(self.tmp / fault.__name__)
+            path = make_folder(self.tmp / fault.__name__)
             folders.append((path, fault(path)))
         spin = "while True: pass"
         busy = [
@@ -156,7 +228,7 @@ class TestServerWithBadModelFolders(TemporaryFolderTestCase):
     def test_the_server_exits_naming_the_file_token_or_field(self):
         for fault in (truncate_weights, drop_chat_tokens, mistype_config):
             with self.subTest(fault=fault.__name__):
-                path = make_tiny_model_folder(self.tmp / fault.__name__)
+                path = make_folder(self.tmp / fault.__name__)
                 named = fault(path)
                 code, stderr = self.serve(path)
                 self.assertEqual(code, 1, stderr)
@@ -169,7 +241,7 @@ class TestOptionsThatCannotApply(TemporaryFolderTestCase):
     take."""
 
     def test_kv_bits_on_a_model_whose_cache_cannot_be_quantized(self):
-        path = make_tiny_model_folder(self.tmp / "model")
+        path = make_folder(self.tmp / "model", MAMBA)
         code, stderr = self.serve(path, "--kv-bits", "4")
         self.assertEqual(code, 1, stderr)
         self.assertIn("kv_bits (--kv-bits) 4", stderr)
@@ -189,24 +261,42 @@ class TestOptionsThatCannotApply(TemporaryFolderTestCase):
                 self.assertNotIn("Traceback", run.stderr)
 
 
-class TestServerWithABadModelFolder(unittest.TestCase):
+class TestServerWithABadModelFolder(TemporaryFolderTestCase):
 
     def test_requests_name_the_load_error(self):
-        with tempfile.TemporaryDirectory() as tmp:
-            path = make_tiny_model_folder(Path(tmp) / "model")
-            weights = path / "model.safetensors"
-            with open(weights, "r+b") as f:
-                f.truncate(weights.stat().st_size // 2)
-            server = ServerThread(path)
-            try:
-                server.generator.join()
-                status, answer = server.request("GET", "/health")
-                self.assertEqual(status, 503)
-                status, answer = server.chat({"messages": user(), "max_tokens": 3})
-                self.assertEqual(status, 500)
-                self.assertIn(str(weights), str(answer["error"]))
-            finally:
-                server.close()
+        path = make_folder(self.tmp / "model")
+        weights = truncate_weights(path)
+        # The model provider `mlx_lm.server` makes, its server in this process.
+        argv = ["mlx_lm.server", "--model", str(path), "--log-level", "ERROR"]
+        with mock.patch.object(server, "run") as run:
+            with mock.patch.object(sys, "argv", argv):
+                server.main()
+        provider = run.call_args.args[2]
+        cache = server.LRUPromptCache(provider.cli_args.prompt_cache_size)
+        generator = server.ResponseGenerator(provider, cache)
+        httpd = ThreadingHTTPServer(
+            ("127.0.0.1", 0), lambda *a, **kw: server.APIHandler(generator, *a, **kw)
+        )
+        threading.Thread(target=httpd.serve_forever, daemon=True).start()
+
+        def request(method, url, body=None):
+            conn = http.client.HTTPConnection(*httpd.server_address, timeout=300)
+            conn.request(method, url, body and json.dumps(body))
+            response = conn.getresponse()
+            return response.status, json.loads(response.read() or "null")
+
+        try:
+            generator.join()
+            self.assertEqual(request("GET", "/health")[0], 503)
+            messages = [{"role": "user", "content": "w9 w10"}]
+            body = {"messages": messages, "max_tokens": 3}
+            status, answer = request("POST", "/v1/chat/completions", body)
+            self.assertEqual(status, 500)
+            self.assertIn(weights, str(answer["error"]))
+        finally:
+            httpd.shutdown()
+            httpd.server_close()
+            generator.stop_and_join()
 
 
 if __name__ == "__main__":

@@ -209,6 +209,13 @@ def target_of(patch):
     return Path(*rel.parts[1:]).with_suffix("")
 
 
+def base_text(rel):
+    """The text the patches of ``rel`` start from: the pinned release's file,
+    or, for a file an earlier PR adds, the repository's."""
+    upstream = fetch_upstream() / rel
+    return (upstream if upstream.is_file() else ROOT / rel).read_text()
+
+
 def patch_path(pr, rel):
     return PATCHES / pr / (str(rel) + ".patch")
 

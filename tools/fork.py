@@ -45,6 +45,7 @@ from assemble import (  # noqa: E402
     ForkError,
     apply_patch,
     apply_text,
+    base_text,
     closure,
     fetch_upstream,
     make_patch,
@@ -121,7 +122,7 @@ def _apply_all(text, rel, prs, name="series"):
 def series_text(rel, prs=None):
     """The upstream file ``rel`` as the series (or ``prs``) makes it."""
     prs = series() if prs is None else prs
-    return _apply_all((fetch_upstream() / rel).read_text(), rel, prs)
+    return _apply_all(base_text(rel), rel, prs)
 
 
 def route_edit(rel, text, owner, prs=None):
@@ -138,7 +139,9 @@ def route_edit(rel, text, owner, prs=None):
             f"(PRs: {', '.join(by_name)})"
         )
     mine = closure(prs, [owner])
-    upstream = (fetch_upstream() / rel).read_text()
+    if rel in by_name[owner].files:
+        raise ForkError(f"{rel} is {owner}'s own file: edit it in the repository")
+    upstream = base_text(rel)
     before = series_text(rel, prs)
     target = text
     for p in reversed([p for p in _touching(prs, rel) if p not in mine]):
@@ -283,11 +286,16 @@ def check_series(prs=None):
         deps = [d for d in closure(prs, [p.name]) if d is not p]
         for patch in p.patches():
             rel = target_of(patch)
-            if not (upstream / rel).is_file():
-                problems.append(f"{patch}: {rel} is not a file of {UPSTREAM_VERSION}")
+            # A later PR may edit a file that one of its dependencies adds.
+            added = any(rel in d.files for d in deps)
+            if not (upstream / rel).is_file() and not added:
+                problems.append(
+                    f"{patch}: {rel} is not a file of {UPSTREAM_VERSION} "
+                    "nor of a PR it depends on"
+                )
                 continue
             try:
-                base = _apply_all((upstream / rel).read_text(), rel, deps)
+                base = _apply_all(base_text(rel), rel, deps)
             except ForkError as e:
                 problems.append(f"{p.name}: a dependency does not apply: {e}")
                 continue
@@ -319,7 +327,7 @@ def _pending_edits():
         path = DEV_TREE / rel
         if rel.name == "_version.py" or path.is_symlink():
             continue
-        if not (upstream / rel).is_file():
+        if not (upstream / rel).is_file() and not _touching(prs, rel):
             pending.append(rel)
         elif path.read_text() != series_text(rel, prs):
             pending.append(rel)
@@ -335,7 +343,7 @@ def sync_patches(pr=None):
     changed = []
     for rel in _pending_edits():
         path = DEV_TREE / rel
-        if not (upstream / rel).is_file():
+        if not (upstream / rel).is_file() and not _touching(prs, rel):
             owner = pr
             if owner is None:
                 raise ForkError(

@@ -1,18 +1,14 @@
 # Copyright © 2026 Apple Inc.
 
 import copy
-import math
-import os
 import re
 from dataclasses import dataclass
-from functools import lru_cache, partial
 from typing import Any, Callable, Dict, List, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.nn.layers.distributed import shard_inplace, shard_linear, sum_gradients
 
-from ..kernels import hc_collapse, hc_expand
 from . import deepseek_v41
 from .base import BaseModelArgs
 from .cache import (
@@ -21,15 +17,7 @@ from .cache import (
     WindowCompressorCache,
     WindowRows,
 )
-from .deepseek_v41 import (
-    DeepseekV41SwiGLU,
-    SharedMLP,
-    _collapse,
-    _expand,
-    _mix_logits,
-    _mixes,
-    _scale_ids,
-)
+from .deepseek_v41 import DeepseekV41SwiGLU, SharedMLP, _collapse, _expand
 from .pipeline import PipelineMixin
 from .rope_utils import YarnRoPE
 from .switch_layers import SwitchGLU, SwitchLinear
@@ -37,12 +25,6 @@ from .switch_layers import SwitchGLU, SwitchLinear
 SLIDING = "sliding_attention"
 CSA = "compressed_sparse_attention"
 HCA = "heavily_compressed_attention"
-# A prompt's queries attend in blocks of this many, each block to the keys
-# its window spans.
-_QUERY_BLOCK = 128
-# Queries that pick their own top-k entries do so in blocks of this many.
-_TOP_K_BLOCK = 512
-
 # For checkpoints without a chat template (a bundled one replaces the encoder).
 TOKENIZER_DEFAULTS = {
     "chat_template_type": "deepseek_v4",
@@ -67,7 +49,6 @@ class ModelArgs(BaseModelArgs):
     sliding_window: int = 128
     moe_intermediate_size: int = 2048
     n_routed_experts: int = 256
-    n_shared_experts: int = 1
     num_experts_per_tok: int = 6
     scoring_func: str = "sqrtsoftplus"
     routed_scaling_factor: float = 1.5
@@ -104,8 +85,7 @@ class ModelArgs(BaseModelArgs):
     layer_types: Optional[List[str]] = None
     compress_rates: Optional[Dict[str, int]] = None
     mlp_layer_types: Optional[List[str]] = None
-    # MLX's (converted checkpoints) or DeepSeek's (fp8 and fp4 weights)
-    quantization: Optional[Dict[str, Any]] = None
+    # DeepSeek's fp8 and fp4 weights
     quantization_config: Optional[Dict[str, Any]] = None
 
     def __post_init__(self):
@@ -220,11 +200,6 @@ def _rope(x, freqs, offset, scale=1.0):
     )
 
 
-# Helpers with shape arithmetic compile for decode steps only: their shapes
-# repeat, while each new prompt length would keep a compiled trace.
-_rope_step = mx.compile(_rope)
-
-
 class Compressor(nn.Module):
     def __init__(self, args: ModelArgs, ratio: int, head_dim: int, overlap: bool):
         super().__init__()
@@ -241,28 +216,17 @@ class Compressor(nn.Module):
     def __call__(
         self, x: mx.array, cache: CompressorCache, rows: WindowRows
     ) -> Optional[mx.array]:
-        """Pool each window of ratio rows that x closes into one entry; return
-        the pool (entry w of a row in its slot w), or None."""
-        windows = cache.update_and_fetch(self.wkv(x), self.wgate(x), rows)
-        if windows is None:
-            return cache.pool
-        *windows, first = windows
-        pool = _pool_step if x.shape[1] == 1 else _pool
-        entries = pool(
-            *windows,
-            self.ape,
-            self.norm.weight,
-            self._freqs,
-            mx.array(first),
-            self.ratio,
-            self.overlap,
-            self.norm.eps,
-        )
-        return cache.update_pool(entries.astype(x.dtype), first)
+        """The pool after x (entry w of a row in its slot w), or None: each
+        window of ratio rows that x closes pooled into one entry."""
+        return cache.update_and_fetch(self.wkv(x), self.wgate(x), rows, self._pool)
+
+    def _pool(self, kv, gate, idx, pos, first):
+        args = self.ape, self.norm.weight, self._freqs, self.ratio, self.overlap
+        return _pool(kv, gate, idx, pos, first, *args, self.norm.eps)
 
 
 def _pool(
-    buf_kv, buf_gate, idx, pos, ape, norm_weight, freqs, first, ratio, overlap, eps
+    buf_kv, buf_gate, idx, pos, first, ape, norm_weight, freqs, ratio, overlap, eps
 ):
     idx = mx.stop_gradient(idx)
     batch, n, _ = idx.shape
@@ -283,9 +247,6 @@ def _pool(
     entries = mx.fast.rms_norm(entries, norm_weight, eps)
     # An entry sits at the position of its window's first row.
     return _rope(entries, freqs, first, float(ratio))
-
-
-_pool_step = mx.compile(_pool)
 
 
 class Indexer(nn.Module):
@@ -313,37 +274,17 @@ class Indexer(nn.Module):
             return None
         batch, length, _ = x.shape
         q = self.wq_b(qr).reshape(batch, length, self.n_heads, self.head_dim)
-        rope = _rope_step if length == 1 else _rope
-        q = rope(q.transpose(0, 2, 1, 3), self._freqs, rows.shift)
-        # In the keys' dtype, heads next to the entries [B, L, heads, n]: a
-        # float32 copy of the whole pool per step costs more than it gains
-        # (DeepSeek's code even rounds these to fp4). A prompt's queries go
-        # in blocks, so the scores of a long context stay small.
-        q = q.swapaxes(1, 2).astype(keys.dtype)
-        keys = keys[:, None, :n].swapaxes(-1, -2)
-        weights = self.weights_proj(x)
-        scale = (self.n_heads * self.head_dim) ** -0.5
+        q = _rope(q.transpose(0, 2, 1, 3), self._freqs, rows.shift)
+        # [B, L, heads, n], in the keys' dtype (DeepSeek's code even rounds
+        # these to fp4); the heads' positive scores summed in float32.
+        q, keys = q.swapaxes(1, 2).astype(keys.dtype), keys[:, None, :n]
+        scores = q @ keys.swapaxes(-1, -2)
+        weights = self.weights_proj(x).astype(mx.float32)[..., None]
+        weights = weights * (self.n_heads * self.head_dim) ** -0.5
+        scores = mx.sum(mx.maximum(scores, 0).astype(mx.float32) * weights, axis=-2)
+        scores = mx.where(mx.arange(n) < visible[..., None], scores, -mx.inf)
         k = self.index_topk
-        entries = mx.arange(n)
-        chosen = []
-        for i in range(0, length, _TOP_K_BLOCK):
-            block = slice(i, i + _TOP_K_BLOCK)
-            scores = q[:, block] @ keys
-            scores = _index_scores(
-                scores, weights[:, block], entries, visible[:, block], scale
-            )
-            chosen.append(mx.argpartition(-scores, k - 1, axis=-1)[..., :k])
-        chosen = mx.concatenate(chosen, axis=1) if len(chosen) > 1 else chosen[0]
-        return mx.stop_gradient(chosen)
-
-
-@partial(mx.compile, shapeless=True)
-def _index_scores(scores, weights, entries, visible, scale):
-    """Each entry's score: its heads' positive scores, weighted, summed in
-    float32; -inf for the entries a query does not see [B, L, n]."""
-    weights = weights.astype(mx.float32)[..., None] * scale
-    scores = mx.sum(mx.maximum(scores, 0).astype(mx.float32) * weights, axis=-2)
-    return mx.where(entries < visible[..., None], scores, -mx.inf)
+        return mx.stop_gradient(mx.argpartition(-scores, k - 1, axis=-1)[..., :k])
 
 
 class Attention(nn.Module):
@@ -392,129 +333,45 @@ class Attention(nn.Module):
         qr = self.q_norm(self.wq_a(x))
         q = self.wq_b(qr).reshape(batch, length, self.n_heads, self.head_dim)
         q = mx.fast.rms_norm(q, None, self.eps).transpose(0, 2, 1, 3)
-        rope = _rope_step if length == 1 else _rope
-        q = rope(q, self._freqs, rows.shift)
-        kv = rope(self.kv_norm(self.wkv(x)), self._freqs, rows.shift)
+        q = _rope(q, self._freqs, rows.shift)
+        kv = _rope(self.kv_norm(self.wkv(x)), self._freqs, rows.shift)
 
-        # One attention over the keys of the window and the compressed keys,
-        # each query masked to what it sees, with the sink in the softmax:
-        # the whole visible HCA pool, or a CSA query's top-k entries.
-        window = cache.update_and_fetch(kv, rows)
-        pool = seen = chosen = None
+        # One attention over the window's keys and the compressed keys, each
+        # query masked to what it sees, with the sink in the softmax: every
+        # visible entry of an HCA pool, a CSA query's top-k entries.
+        keys = cache.update_and_fetch(kv, rows)
+        mask = rows.window_mask((self.window, keys.shape[1] - 1 - length))
         if self.kind != SLIDING:
-            entries = self.compressor(x, cache.compressor, rows)
+            pool = self.compressor(x, cache.compressor, rows)
             n, visible = rows.entries(self.compressor.ratio)
+            seen = mx.arange(n) < visible[..., None]
             if self.kind == CSA:
                 chosen = self.indexer(x, qr, cache.indexer, rows)
-            if chosen is not None:
-                pool, seen = entries, chosen < visible[..., None]
-            elif n > 0:
-                # Every visible entry: the layers of a ratio share the mask.
-                pool = entries[:, :n]
-        if chosen is not None and length > 1:
-            out = self._sparse(q, window, pool, chosen, seen, rows)
-        else:
-            if chosen is not None:
-                # One query: its entries are the keys of all its heads.
-                pool = mx.take_along_axis(pool, chosen[:, 0, :, None], axis=1)
-            out = self._dense(q, window, pool, seen, rows)
-        return self._output(out, rows)
-
-    def _dense(self, q, window, pool, seen, rows):
-        """Attention of queries that share their keys: the window rows and
-        the pool entries ``seen`` [B, L, n] (None: every entry a query can
-        see). A prompt's queries go in blocks of ``_QUERY_BLOCK``, each over
-        the window rows it spans, not over every key of the chunk."""
-        batch, heads, length, dims = q.shape
-        sizes = self.window, window.shape[1] - 1 - length
-        ratio = None if pool is None else self.compressor.ratio
-        blocks = -(-length // _QUERY_BLOCK)
-        if blocks == 1:
-            keys = window if pool is None else mx.concatenate([window, pool], 1)
-            if seen is None:
-                # No choice of entries: the layers of a ratio share the mask.
-                mask = rows.keys_mask((*sizes, ratio))
-            else:
-                mask = mx.concatenate([rows.window_mask(sizes), seen], axis=-1)
-            if length == 1:
-                # One key head: the heads are the rows of one matmul (sdpa
-                # has no kernel for so many heads a key head; its fallback
-                # broadcasts the keys to every head in twice the primitives).
-                scores = q.reshape(batch, heads, dims) @ keys.swapaxes(-1, -2)
-                weights = _sink_softmax(scores, mask, self.attn_sink, self.scale)
-                return (weights @ keys)[:, :, None]
-            keys, mask = keys[:, None], mask[:, None]
-        else:
-            block = _QUERY_BLOCK
-            pad = blocks * block - length
-            index, mask = rows.bands((*sizes, block))
-            keys = mx.take_along_axis(window[:, None], index[..., None], axis=2)
-            if pool is not None:
-                if seen is None:
-                    seen = rows.pool_mask(ratio)
-                shape = (batch, blocks, pool.shape[1], dims)
-                keys = mx.concatenate([keys, mx.broadcast_to(pool[:, None], shape)], 2)
-                seen = mx.pad(seen, [(0, 0), (0, pad), (0, 0)])
-                mask = mx.concatenate([mask, seen.reshape(*shape[:2], block, -1)], -1)
-            q = mx.pad(q, [(0, 0), (0, 0), (0, pad), (0, 0)])
-            q = q.reshape(batch, heads, blocks, block, dims).swapaxes(1, 2)
-            q = q.reshape(batch * blocks, heads, block, dims)
-            keys = keys.reshape(batch * blocks, 1, -1, dims)
-            mask = mask.reshape(batch * blocks, 1, block, -1)
+                if chosen is not None:
+                    picked = mx.zeros(seen.shape, mx.bool_)
+                    picked = mx.put_along_axis(picked, chosen, mx.array(True), -1)
+                    seen = seen & picked
+            if n > 0:
+                keys = mx.concatenate([keys, pool[:, :n]], axis=1)
+                mask = mx.concatenate([mask, seen], axis=-1)
+        keys = keys[:, None]
         out = mx.fast.scaled_dot_product_attention(
             q,
             keys,
             keys,
             scale=self.scale,
-            mask=mask,
+            mask=mask[:, None],
             sinks=self.attn_sink.astype(q.dtype),
         )
-        if blocks > 1:
-            out = out.reshape(batch, blocks, heads, -1, dims).swapaxes(1, 2)
-            out = out.reshape(batch, heads, -1, dims)[:, :, :length]
-        return out
-
-    def _sparse(self, q, window, pool, chosen, seen, rows):
-        """Attention of queries that each attend to their own window rows and
-        top-k entries (the rows gathered in the model's dtype, for a block
-        of queries at a time); the heads of a token are the queries of its
-        keys."""
-        length = q.shape[2]
-        # The buffer keeps ``capacity`` slots and one more before the rows.
-        capacity = window.shape[1] - 1 - length
-        index, valid = rows.window_rows((self.window, capacity))
-        q = q.swapaxes(1, 2)
-        window, pool = window[:, None], pool[:, None]
-        out = []
-        for i in range(0, length, _TOP_K_BLOCK):
-            block = slice(i, i + _TOP_K_BLOCK)
-            keys = mx.concatenate(
-                [
-                    mx.take_along_axis(window, index[:, block, :, None], axis=2),
-                    mx.take_along_axis(pool, chosen[:, block, :, None], axis=2),
-                ],
-                axis=2,
-            )
-            mask = mx.concatenate([valid[:, block], seen[:, block]], axis=-1)
-            scores = q[:, block] @ keys.swapaxes(-1, -2)
-            weights = _sink_softmax(
-                scores, mask[:, :, None], self.attn_sink, self.scale
-            )
-            out.append(weights @ keys)
-        return mx.concatenate(out, axis=1).swapaxes(1, 2)
+        return self._output(out, rows)
 
     def _output(self, out: mx.array, rows: WindowRows) -> mx.array:
         batch, _, length, _ = out.shape
         # Undo the keys' rotation at the query position.
-        rope = _rope_step if length == 1 else _rope
-        out = rope(out, self._inverse_freqs, rows.shift)
-        # Each group of heads has its own projection: [B, groups, L, dims]
-        # (one token: the heads are in the groups' order already).
-        if length == 1:
-            out = out.reshape(batch, self.o_groups, 1, -1)
-        else:
-            out = out.swapaxes(1, 2).reshape(batch, length, self.o_groups, -1)
-            out = out.swapaxes(1, 2)
+        out = _rope(out, self._inverse_freqs, rows.shift)
+        # Each group of heads has its own projection: [B, groups, L, dims].
+        out = out.swapaxes(1, 2).reshape(batch, length, self.o_groups, -1)
+        out = out.swapaxes(1, 2)
         # Plain weights as one batched matmul: gather_mm of whole groups
         # needs a JIT-compiled kernel on CUDA; quantized ones go through
         # gather_qmm (and LoRA through its own call).
@@ -522,22 +379,7 @@ class Attention(nn.Module):
             out = out @ self.wo_a.weight.swapaxes(-1, -2)
         else:
             out = self.wo_a(out, self._group_ids)
-        if length > 1:
-            out = out.swapaxes(1, 2)
-        return self.wo_b(out.reshape(batch, length, -1))
-
-
-@partial(mx.compile, shapeless=True)
-def _sink_softmax(scores, mask, sinks, scale):
-    """Softmax in float32 of the scores times ``scale`` over the keys a query
-    sees and its head's sink ([heads], next to the keys' axis); the weights
-    of the keys in the scores' dtype."""
-    logits = mx.where(mask, scores.astype(mx.float32) * scale, -mx.inf)
-    sinks = sinks[:, None]
-    top = mx.maximum(logits.max(axis=-1, keepdims=True), sinks)
-    weights = mx.exp(logits - top)
-    total = weights.sum(axis=-1, keepdims=True) + mx.exp(sinks - top)
-    return (weights / total).astype(scores.dtype)
+        return self.wo_b(out.swapaxes(1, 2).reshape(batch, length, -1))
 
 
 class Router(nn.Module):
@@ -564,17 +406,8 @@ class Router(nn.Module):
     ) -> tuple[mx.array, mx.array]:
         hashed = "tid2eid" in self
         choice = self.tid2eid[input_ids] if hashed else self.e_score_correction_bias
-        route = _route_step if x.shape[-2] == 1 else _route
-        return route(
-            x,
-            self.weight,
-            choice,
-            hashed,
-            self.top_k,
-            self.gate_temp,
-            self.norm_topk_prob,
-            self.route_scale,
-        )
+        args = self.top_k, self.gate_temp, self.norm_topk_prob, self.route_scale
+        return _route(x, self.weight, choice, hashed, *args)
 
 
 def _route(x, weight, choice, hashed, top_k, temp, norm, scale):
@@ -594,14 +427,16 @@ def _route(x, weight, choice, hashed, top_k, temp, norm, scale):
     return chosen, weights * scale
 
 
-_route_step = mx.compile(_route)
+class HashTablesFrozen:
+    """Unfreezing leaves the hash layers' expert tables frozen: integer
+    lookups, never trained."""
 
-
-def _freeze_hash_tables(module: nn.Module) -> None:
-    # The hash layers' expert tables are integer lookups, never trained.
-    for m in module.modules():
-        if isinstance(m, Router) and "tid2eid" in m:
-            m.freeze(recurse=False, keys="tid2eid")
+    def unfreeze(self, **kwargs) -> nn.Module:
+        super().unfreeze(**kwargs)
+        for m in self.modules():
+            if isinstance(m, Router) and "tid2eid" in m:
+                m.freeze(recurse=False, keys="tid2eid")
+        return self
 
 
 class MoE(nn.Module):
@@ -630,134 +465,17 @@ class MoE(nn.Module):
 
 
 class HyperConnection(deepseek_v41.HyperConnection):
-    """DeepSeek-V4.1's hyper-connection, with its collapse and expand in
-    compiled calls (or kernels, see ``_use_hc_kernels``)."""
-
-    def _args(self):
-        return (self.fn, self.base, self.scale, self._scale_ids, self._eps)
-
     def collapse(self, streams: mx.array):
         """The streams mixed into one, and the post and comb mixes."""
-        if _use_hc_kernels(streams):
-            collapse = _collapse_by_kernel(self.iters, self.hc_eps, self.norm_eps)
-            return collapse(streams, self.fn, self.base, self.scale, self._eps)
-        if streams.shape[1] == 1:
-            # A decode step in one compiled call (its shapes repeat).
-            args = self._args(), self.iters, self.hc_eps, self.norm_eps
-            return _mix_and_collapse(streams, *args[0], *args[1:])
         pre, post, comb = self(streams)
-        weights = [pre[:, :, i] for i in range(self.hc)]
-        parts = [streams[:, :, i] for i in range(self.hc)]
-        return _collapse_by_stream(weights, parts), post, comb
+        return _collapse(streams, pre), post, comb
 
     def expand(self, x: mx.array, streams: mx.array, post: mx.array, comb: mx.array):
         """The layer's output x written back into the streams."""
-        if _use_hc_kernels(streams):
-            return _expand_by_kernel(x, streams, post, comb)
-        if streams.shape[1] == 1:
-            return _compiled_expand(x, streams, post, comb)
-        rows = [comb[:, :, i] for i in range(self.hc)]
-        parts = [streams[:, :, i : i + 1] for i in range(self.hc)]
-        return _expand_by_stream(x, post, rows, parts)
+        return _expand(x, streams, post, comb)
 
 
-@mx.compile
-def _mix_and_collapse(streams, *args):
-    pre, post, comb = _mixes(streams, *args)
-    return _collapse(streams, pre), post, comb
-
-
-_compiled_expand = mx.compile(_expand, shapeless=True)
-
-
-def _weighted_sum(weights, streams):
-    """The streams, each times its float32 weights, summed one at a time."""
-    out = mx.expand_dims(weights[0], -1) * streams[0]
-    for w, stream in zip(weights[1:], streams[1:]):
-        out = out + mx.expand_dims(w, -1) * stream
-    return out
-
-
-@partial(mx.compile, shapeless=True)
-def _collapse_by_stream(weights, streams):
-    """``_collapse`` one stream at a time: no float32 copy of the streams."""
-    return _weighted_sum(weights, streams).astype(streams[0].dtype)
-
-
-@partial(mx.compile, shapeless=True)
-def _expand_by_stream(x, post, comb_rows, streams):
-    """``_expand`` one input stream at a time: no [B, L, hc, hc, D] product."""
-    mixed = _weighted_sum(comb_rows, streams)
-    out = mx.expand_dims(post, -1) * mx.expand_dims(x, -2) + mixed
-    return out.astype(streams[0].dtype)
-
-
-def _hc_kernels_switch() -> bool:
-    """Whether collapse and expand take the kernels (mlx_lm.kernels'
-    hc_collapse and hc_expand): MLX_LM_HC_KERNELS=1 or 0; unset, on CUDA only
-    (they have not run on Metal)."""
-    value = os.environ.get("MLX_LM_HC_KERNELS", "")
-    if value not in ("", "0", "1"):
-        raise ValueError(f"MLX_LM_HC_KERNELS must be 0 or 1, not {value!r}.")
-    return value == "1" if value else mx.cuda.is_available()
-
-
-_HC_KERNELS = _hc_kernels_switch()
-
-# A kernel grid's second axis holds the tokens; CUDA launches at most this
-# many blocks along it.
-_MAX_KERNEL_TOKENS = 65535
-
-
-def _use_hc_kernels(streams: mx.array) -> bool:
-    return (
-        _HC_KERNELS
-        and (mx.metal.is_available() or mx.cuda.is_available())
-        and mx.default_device() == mx.gpu
-        and math.prod(streams.shape[:-2]) <= _MAX_KERNEL_TOKENS
-    )
-
-
-@lru_cache
-def _collapse_by_kernel(iters: int, hc_eps: float, norm_eps: float) -> Callable:
-    @mx.custom_function
-    def collapse(streams, fn, base, scale, eps):
-        mix = _mix_logits(streams, fn, norm_eps)
-        # The kernel reads these as float32, whatever the parameters' dtype.
-        f32 = [a.astype(mx.float32) for a in (scale, base, eps)]
-        x, post, comb = hc_collapse(streams, mix, *f32, iters=iters)
-        return x, post, comb
-
-    # The kernels have no gradient: training differentiates the ops.
-    @collapse.vjp
-    def collapse_vjp(primals, cotangents, outputs):
-        def ops(streams, fn, base, scale, eps):
-            ids = _scale_ids(streams.shape[-2])
-            args = fn, base, scale, ids, eps, iters, hc_eps, norm_eps
-            pre, post, comb = _mixes(streams, *args)
-            return _collapse(streams, pre), post, comb
-
-        _, grads = mx.vjp(ops, list(primals), list(cotangents))
-        return tuple(grads)
-
-    return collapse
-
-
-@mx.custom_function
-def _expand_by_kernel(x, residual, post, comb):
-    # The kernel reads x in the streams' dtype, the mixes as float32.
-    x = x.astype(residual.dtype)
-    post, comb = post.astype(mx.float32), comb.astype(mx.float32)
-    return hc_expand(x, residual, post, comb)
-
-
-@_expand_by_kernel.vjp
-def _expand_by_kernel_vjp(primals, cotangent, output):
-    _, grads = mx.vjp(_expand, list(primals), [cotangent])
-    return tuple(grads)
-
-
-class DecoderLayer(nn.Module):
+class DecoderLayer(HashTablesFrozen, nn.Module):
     def __init__(self, args: ModelArgs, layer_idx: int):
         super().__init__()
         self.attn = Attention(args, layer_idx)
@@ -766,11 +484,6 @@ class DecoderLayer(nn.Module):
         self.ffn_norm = nn.RMSNorm(args.hidden_size, eps=args.rms_norm_eps)
         self.attn_hc = HyperConnection(args)
         self.ffn_hc = HyperConnection(args)
-
-    def unfreeze(self, **kwargs) -> nn.Module:
-        super().unfreeze(**kwargs)
-        _freeze_hash_tables(self)
-        return self
 
     def __call__(
         self,
@@ -997,7 +710,7 @@ def _dspark_name(name: str) -> Optional[str]:
     return None if name.endswith(".gate.bias_vl") else name
 
 
-class Model(nn.Module):
+class Model(HashTablesFrozen, nn.Module):
     def __init__(self, args: ModelArgs):
         super().__init__()
         self.args = args
@@ -1066,11 +779,6 @@ class Model(nn.Module):
     @property
     def layers(self):
         return self.model.pipeline_layers
-
-    def unfreeze(self, **kwargs) -> nn.Module:
-        super().unfreeze(**kwargs)
-        _freeze_hash_tables(self)
-        return self
 
     def make_cache(self) -> List[WindowCompressorCache]:
         return [self._layer_cache(layer.attn.kind) for layer in self.layers]

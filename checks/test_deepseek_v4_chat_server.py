@@ -21,6 +21,12 @@ from pathlib import Path
 from unittest import mock
 
 import mlx.core as mx
+from dsv4_fixtures import (
+    TINY_CONFIG,
+    make_tiny_model,
+    make_tiny_model_folder,
+    make_tiny_tokenizer,
+)
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.generate import TextStateMachine, make_text_state_machine
 from mlx_lm.server import (
@@ -35,12 +41,6 @@ from mlx_lm.server import (
     tool_markers,
 )
 from mlx_lm.tokenizer_utils import TokenizerWrapper
-from test_deepseek_v4 import (
-    TINY_CONFIG,
-    make_tiny_model,
-    make_tiny_model_folder,
-    make_tiny_tokenizer,
-)
 from test_deepseek_v4_chat import DAMAGED_CASES, NOT_CALLS, STREAMED
 from test_deepseek_v4_chat import TOOLS as CHAT_TOOLS
 

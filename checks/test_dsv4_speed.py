@@ -1,14 +1,10 @@
 # Copyright © 2026 Apple Inc.
 
 import math
-import sys
 import unittest
-from pathlib import Path
 
+import dsv4_speed
 import mlx.core as mx
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import dsv4_speed  # noqa: E402
 
 
 class TestDsv4SpeedErrorStats(unittest.TestCase):

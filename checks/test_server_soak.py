@@ -1,12 +1,9 @@
 # Copyright © 2026 Apple Inc.
 
 import importlib.util
-import sys
 import unittest
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
-import server_soak  # noqa: E402
+import server_soak
 
 HAS_CLIENT = all(importlib.util.find_spec(m) for m in ("openai", "psutil"))
 MODEL_TYPES = ("deepseek_v4", "qwen3_5")

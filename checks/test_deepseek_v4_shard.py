@@ -16,20 +16,20 @@ import urllib.request
 from pathlib import Path
 
 import mlx.core as mx
-from mlx.utils import tree_flatten
-from test_deepseek_v4 import (
+from dsv4_fixtures import (
     GRAPH_BOUND,
     TINY_CONFIG,
     make_tiny_model,
     make_tiny_model_folder,
     max_diff,
 )
+from mlx.utils import tree_flatten
 
 from mlx_lm import generate, load
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.deepseek_v4 import CSA, HCA, SLIDING
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parent.parent / "tests"
 
 # Sizes whose shards hold whole quantization groups, for the mxfp8 attention
 # and mxfp4 experts of converted checkpoints.
@@ -109,14 +109,9 @@ import sys
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-sys.path.insert(0, {tests!r})
-from test_deepseek_v4 import (
-    decode_alone,
-    decode_batched,
-    make_tiny_model,
-    max_cache_graph,
-    max_diff,
-)
+sys.path.insert(0, {checks!r})
+from dsv4_fixtures import make_tiny_model, max_cache_graph, max_diff
+from test_deepseek_v4_long import decode_alone, decode_batched
 
 from mlx_lm.models.cache import load_prompt_cache, save_prompt_cache, trim_prompt_cache
 
@@ -499,7 +494,7 @@ class TestDeepseekV4Pipeline(unittest.TestCase):
 
     def check_pipeline(self, ranks, cases, steps=PIPELINE_STEPS):
         script = PIPELINE_SCRIPT.format(
-            tests=str(TESTS),
+            checks=str(Path(__file__).resolve().parent),
             cases=json.dumps(cases),
             prompt=PIPELINE_PROMPT,
             steps=steps,
