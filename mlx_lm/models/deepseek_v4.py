@@ -72,12 +72,6 @@ class ModelArgs(BaseModelArgs):
     # Whether they load (load(..., model_config={"mtp": True}), --mtp):
     # without it they cost no memory.
     mtp: bool = False
-    # DSpark drafter (V4-Flash-0731, V4-Pro-0813: `mtp.0..2` hold it, not an
-    # MTP block; deepseek_v4_dspark.py).
-    dspark_block_size: int = 5
-    dspark_noise_token_id: int = 0
-    dspark_target_layer_ids: Optional[List[int]] = None
-    dspark_markov_rank: int = 256
     # DeepSeek's schema
     compress_ratios: Optional[List[int]] = None
     num_hash_layers: Optional[int] = None
@@ -570,7 +564,6 @@ class DeepseekV4Model(PipelineMixin, nn.Module):
         inputs: mx.array,
         cache: List[WindowCompressorCache],
         return_hidden: bool = False,
-        taps: Optional[List[int]] = None,
     ) -> mx.array:
         h = self.embed_tokens(inputs)
         batch, length, dims = h.shape
@@ -579,12 +572,8 @@ class DeepseekV4Model(PipelineMixin, nn.Module):
         rows = cache[0].make_mask(length, batch)
         rank, size = self.pipeline_rank, self.pipeline_size
         h = mx.distributed.recv_like(h, rank + 1) if rank < size - 1 else h
-        tapped = []
-        for i, (layer, layer_cache) in enumerate(zip(self.pipeline_layers, cache)):
+        for layer, layer_cache in zip(self.pipeline_layers, cache):
             h = layer(h, inputs, layer_cache, rows)
-            if taps and i in taps:
-                # The DSpark drafter reads the streams after these layers.
-                tapped.append(h)
         if rank > 0:
             h = mx.distributed.send(h, rank - 1)
             # A prefill step evaluates only the caches, which must still send.
@@ -595,8 +584,6 @@ class DeepseekV4Model(PipelineMixin, nn.Module):
         # cache field keeps a growing lazy graph, without a host sync.
         out = mx.depends(out, _cache_arrays(cache))
         # The last layer's streams feed the MTP block.
-        if taps:
-            return out, tapped
         return (out, h) if return_hidden else out
 
 
@@ -661,53 +648,6 @@ _PART_KEY = re.compile(r"(.+\.(?:switch_mlp\.\w+|wo_a))\.(\d+)\.(\w+)")
 _MTP_KEY = re.compile(r"(^|\.)mtp\.")
 # DeepSeek-V4's MTP block, not another kind of drafter (V4.1's DSpark).
 _MTP_BLOCK_KEY = re.compile(r"(^|\.)mtp\.0\.enorm\.weight$")
-# The DSpark drafter's (V4-Flash-0731, V4-Pro-0813): mtp.0's projection of
-# the target's states and a Markov head.
-# A conversion's (this model's names).
-_DSPARK_KEY = re.compile(r"(^|\.)dspark\.")
-_DSPARK_KEYS = (
-    re.compile(r"(^|\.)mtp\.0\.main_proj\.weight$"),
-    re.compile(r"(^|\.)mtp\.\d+\.markov_head\."),
-)
-
-
-def _drafter_kind(weights) -> Optional[str]:
-    """ "MTP", "DSpark", "other" (mtp.* of neither) or None (no mtp.*)."""
-    if any(_DSPARK_KEY.search(k) for k in weights):
-        return "DSpark"
-    keys = [k for k in weights if _MTP_KEY.search(k)]
-    if not keys:
-        return None
-    if any(_MTP_BLOCK_KEY.search(k) for k in keys):
-        return "MTP"
-    if all(any(p.search(k) for k in keys) for p in _DSPARK_KEYS):
-        return "DSpark"
-    return "other"
-
-
-_DRAFTER_WHY = {
-    ("DSpark", "MTP"): "The checkpoint's mtp.* weights are a DSpark drafter, "
-    "but its config has no dspark_target_layer_ids",
-    ("MTP", "DSpark"): "The config describes a DSpark drafter (dspark_*), but "
-    "the checkpoint's mtp.* weights are an MTP block (mtp.0.enorm)",
-    ("other", "MTP"): "The checkpoint's mtp.* weights are not a DeepSeek-V4 "
-    "MTP block (no mtp.0.enorm) nor a DSpark drafter (no mtp.0.main_proj "
-    "and markov_head)",
-    ("other", "DSpark"): "The checkpoint's mtp.* weights are not a DeepSeek-V4 "
-    "MTP block (no mtp.0.enorm) nor a DSpark drafter (no mtp.0.main_proj "
-    "and markov_head)",
-}
-
-
-def _dspark_name(name: str) -> Optional[str]:
-    """The DSpark drafter's name (``dspark.N.``) of a checkpoint's ``mtp.N.``
-    weight, after the renames; None for what it does not use."""
-    name = "dspark." + name[len("mtp.") :]
-    # V4.1's checkpoint names its Markov head's tables embed and head.
-    name = re.sub(r"\.markov_head\.embed\.", ".markov_head.markov_w1.", name)
-    name = re.sub(r"\.markov_head\.head\.", ".markov_head.markov_w2.", name)
-    # The gate's bias_vl: mlx-vlm drops it too (not read by the routing).
-    return None if name.endswith(".gate.bias_vl") else name
 
 
 class Model(HashTablesFrozen, nn.Module):
@@ -719,12 +659,6 @@ class Model(HashTablesFrozen, nn.Module):
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
         n, blocks = args.num_hidden_layers, args.num_nextn_predict_layers
         self.mtp = [MTPBlock(args, n + i) for i in range(blocks if args.mtp else 0)]
-        # DSpark (deepseek_v4_dspark.py): in place of the MTP block.
-        self.dspark = []
-        if args.mtp and args.dspark_target_layer_ids:
-            from .deepseek_v4_dspark import make_dspark
-
-            self.mtp, self.dspark = [], make_dspark(args)
 
     def __call__(
         self,
@@ -733,33 +667,13 @@ class Model(HashTablesFrozen, nn.Module):
         return_hidden: bool = False,
     ) -> mx.array:
         """The logits, and with ``return_hidden`` the last layer's streams
-        [B, L, hc, D] that ``mtp_draft`` takes (with a DSpark drafter, its
-        input: ``dspark_taps``)."""
+        [B, L, hc, D] that ``mtp_draft`` takes."""
         if cache is None:
             cache = self.make_cache()
-        if return_hidden and self.dspark:
-            from .deepseek_v4_dspark import dspark_taps
-
-            out, tapped = self.model(
-                inputs, cache, taps=self.args.dspark_target_layer_ids
-            )
-            return self.lm_head(out), dspark_taps(tapped)
         out = self.model(inputs, cache, return_hidden)
         if return_hidden:
             return self.lm_head(out[0]), out[1]
         return self.lm_head(out)
-
-    @property
-    def drafter_class(self):
-        """The drafter ``mtp=True`` makes of this model: the DSpark drafter's
-        where the checkpoint carries one, else the MTP block's."""
-        if self.dspark:
-            from .deepseek_v4_dspark import DSparkDrafter
-
-            return DSparkDrafter
-        from .mtp_drafter import MTPDrafter
-
-        return MTPDrafter
 
     def make_mtp_cache(self) -> List[WindowCompressorCache]:
         return [self._layer_cache(self.mtp[0].attn.kind)] if self.mtp else []
@@ -838,15 +752,11 @@ class Model(HashTablesFrozen, nn.Module):
         out, parts, problems = {}, {}, {}
         for key, value in weights.items():
             # The MTP block is only used for speculative decoding.
-            if (_MTP_KEY.search(key) or _DSPARK_KEY.search(key)) and not mtp:
+            if _MTP_KEY.search(key) and not mtp:
                 continue
             name = key
             for old, new in _RENAMES:
                 name = old.sub(new, name)
-            if self.dspark and name.startswith("mtp."):
-                name = _dspark_name(name)
-                if name is None:
-                    continue
             if match := _PART_KEY.fullmatch(name):
                 prefix, index, kind = match.groups()
                 count = (
@@ -891,17 +801,18 @@ class Model(HashTablesFrozen, nn.Module):
         return out
 
     def _keep_mtp(self, weights: Dict[str, mx.array]) -> bool:
-        """Whether the MTP blocks (or the DSpark drafter) load: where asked
-        for (``args.mtp``) and the checkpoint has them."""
-        if not (self.mtp or self.dspark):
-            return False
-        kind = _drafter_kind(weights)
-        wanted = "DSpark" if self.dspark else "MTP"
-        if kind != wanted:
-            if kind is not None:
-                print(f"[WARNING] {_DRAFTER_WHY[kind, wanted]}: loading without it.")
-            self.mtp, self.dspark = [], []
-        return bool(self.mtp or self.dspark)
+        """Whether the MTP blocks load: where asked for (``args.mtp``) and the
+        checkpoint has them."""
+        keys = [k for k in weights if _MTP_KEY.search(k)] if self.mtp else []
+        if keys and not any(_MTP_BLOCK_KEY.search(k) for k in keys):
+            print(
+                "[WARNING] The checkpoint's mtp.* weights are not a DeepSeek-V4 "
+                "MTP block (no mtp.0.enorm): loading without it."
+            )
+            keys = []
+        if not keys:
+            self.mtp = []
+        return bool(self.mtp)
 
     @property
     def cast_predicate(self) -> Callable[[str], bool]:
