@@ -169,12 +169,13 @@ def decode_alone(model, prompt, max_tokens):
 def decode_batched(model, prompts, inserts):
     """Run a BatchGenerator that gets each request of inserts[n] (pairs of a
     prompt name and max_tokens) before its step n. Return each name's tokens
-    and logprobs, the largest batch decoded and the largest cache graph."""
+    and logprobs, the largest batch decoded and the largest cache graph (less
+    the merge's one lazy edge on a step a request joins)."""
     generator = BatchGenerator(
         model, prefill_step_size=PREFILL_STEP, completion_batch_size=4
     )
     names, results = {}, {}
-    widest = worst = 0
+    widest = worst = before = 0
     step = 0
     while True:
         for name, max_tokens in inserts.get(step, []):
@@ -188,7 +189,12 @@ def decode_batched(model, prompts, inserts):
             results[names[r.uid]][0].append(r.token)
             results[names[r.uid]][1].append(r.logprobs)
         widest = max(widest, len(responses))
-        worst = max(worst, max_generator_graph(generator))
+        # The step a request joins also carries the merge of its cache into
+        # the batch's (left lazy, as upstream's merges are): one edge more,
+        # gone once that step is evaluated.
+        rows = len(generator._generation_batch)
+        worst = max(worst, max_generator_graph(generator) - (rows > before))
+        before = rows
         step += 1
     generator.close()
     results = {k: (t, mx.stack(lp)) for k, (t, lp) in results.items()}
