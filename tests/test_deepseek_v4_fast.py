@@ -62,7 +62,7 @@ class TestHyperConnectionKernels(unittest.TestCase):
             for got, want in zip(got, self._hc_ops(hc, streams, x)):
                 self.assertTrue(mx.allclose(got, want, atol=1e-5))
 
-    def test_kernels_on_cuda_and_on_metal_where_asked_for(self):
+    def test_kernels_only_where_asked_for(self):
         def switch(value, cuda):
             with mock.patch.dict(os.environ), mock.patch.object(
                 mx.cuda, "is_available", return_value=cuda
@@ -72,8 +72,8 @@ class TestHyperConnectionKernels(unittest.TestCase):
                     os.environ["MLX_LM_HC_KERNELS"] = value
                 return deepseek_v4._hc_kernels_switch()
 
-        # Unset: CUDA's kernels, Metal's ops; 1 or 0 decides on either.
-        self.assertTrue(switch(None, cuda=True))
+        # Unset: the ops on CUDA and Metal; 1 or 0 decides on either.
+        self.assertFalse(switch(None, cuda=True))
         self.assertFalse(switch(None, cuda=False))
         self.assertTrue(switch("1", cuda=False))
         self.assertFalse(switch("0", cuda=True))
