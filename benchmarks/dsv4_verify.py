@@ -198,16 +198,18 @@ def rounds(args, config, model):
     prompt = mx.random.randint(0, config["vocab_size"], (args.context,))
     prompt = prompt.astype(mx.int32)
     plain, spec = [], []
-    for _ in range(args.repeat):
-        rate, _, _ = run(generate_step(prompt, model, max_tokens=args.tokens))
+    # The first of each warms up (compiled steps of every forward's length).
+    for r in range(args.repeat + 1):
+        tokens = args.tokens if r else 16
+        rate, _, _ = run(generate_step(prompt, model, max_tokens=tokens))
         plain.append(1 / rate)
         steps = speculative_generate_step(
-            prompt, model, mtp=True, num_draft_tokens=args.mtp_k, max_tokens=args.tokens
+            prompt, model, mtp=True, num_draft_tokens=args.mtp_k, max_tokens=tokens
         )
         tic = time.perf_counter()
         rate, tokens, n = run(steps)
         spec.append((time.perf_counter() - tic) / n)
-    step, round_ = statistics.median(plain), statistics.median(spec)
+    step, round_ = statistics.median(plain[1:]), statistics.median(spec[1:])
     print(
         f"rounds after {args.context} tokens, medians of {args.repeat}: plain "
         f"step {step * 1e3:.1f} ms; MTP round at k={args.mtp_k} "
