@@ -219,6 +219,7 @@ def rounds(args, config, model):
 
 def oracle(args, config, model):
     from mlx_lm.generate import generate_step, speculative_generate_step
+
     from mlx_lm.models.mtp_drafter import MTPDrafter
 
     mx.random.seed(args.seed + 2)
