@@ -17,8 +17,9 @@ After a ``--context``-token prompt it prints:
   the target's own greedy tokens (a plain run's) with a wrong one where the
   published acceptance says: MTP at k=2 accepted 70% then 29% per position
   (vLLM's V4-Flash figures; the MTP block runs, its tokens replaced), and a
-  block of 5 drafts of mean accepted length ``--block-mean`` (DSpark; no
-  drafter compute), against plain decoding, alternated ``--repeat`` times;
+  block of 5 drafts of mean accepted length ``--block-mean`` (DSpark's
+  figure, read as tokens a round: no drafter compute, then with three
+  stand-in stages over the block), against plain decoding, alternated ``--repeat`` times;
   the loop's tokens are checked against the plain run's;
 - exactness (``--exactness``): the largest logit difference between a
   forward over 8 tokens and 8 one-token steps, float32 and bfloat16 on the
@@ -115,9 +116,11 @@ class OracleDrafter:
     ``inner`` (an MTPDrafter) the inner drafter runs as it would and its
     tokens are replaced, so a round costs what its compute costs."""
 
-    def __init__(self, greedy, accepted, vocab, inner=None):
+    def __init__(self, greedy, accepted, vocab, inner=None, work=None):
         self.greedy, self.accepted, self.vocab = greedy, accepted, vocab
         self.inner = inner
+        # A drafter's compute to pay for each round (the drafts wait on it).
+        self.work = work
         self.return_hidden = inner.return_hidden if inner else None
         self.cache = inner.cache if inner else []
         self.pos = 0
@@ -136,6 +139,8 @@ class OracleDrafter:
         if right < num_draft:
             drafts[right] = (drafts[right] + 1) % self.vocab
         drafts = mx.array(drafts, mx.uint32)
+        if self.work is not None:
+            drafts = mx.depends(drafts, self.work(num_draft))
         if self.inner:
             self.inner._drafts = drafts
         return drafts, None
@@ -220,6 +225,7 @@ def rounds(args, config, model):
 def oracle(args, config, model):
     from mlx_lm.generate import generate_step, speculative_generate_step
 
+    from mlx_lm.models.cache import trim_prompt_cache
     from mlx_lm.models.mtp_drafter import MTPDrafter
 
     mx.random.seed(args.seed + 2)
@@ -228,7 +234,27 @@ def oracle(args, config, model):
     _, greedy, _ = run(generate_step(prompt, model, max_tokens=args.tokens))
     mtp_rates = (0.70, 0.29)
     _, a = geometric(5, args.block_mean, random.Random(0))
-    names = ["plain", "MTP k=2, 70%/29%", f"block 5, mean {args.block_mean:g}"]
+    names = [
+        "plain",
+        "MTP k=2, 70%/29%",
+        f"block 5, mean {args.block_mean:g}",
+        "  + 3 stand-in stages",
+    ]
+    scratch = model.make_mtp_cache()
+    width = (1, 5, model.args.hc_mult, model.args.hidden_size)
+    hidden = mx.zeros(width, getattr(mx, args.dtype))
+
+    def stages(n):
+        # DSpark's compute stood in for: 3 decoder layers (the MTP block, a
+        # CSA layer, heavier than DSpark's window-only stages) and the head
+        # over the block of 5 (its context pass left out).
+        out = []
+        for _ in range(3):
+            logits, _ = model.mtp_draft(hidden, mx.ones((1, 5), mx.int32), scratch)
+            trim_prompt_cache(scratch, 5)
+            out.append(logits.argmax(-1))
+        return out
+
     drafters = {
         names[0]: None,
         names[1]: (2, lambda rng: per_position(mtp_rates, rng), True),
@@ -237,15 +263,17 @@ def oracle(args, config, model):
             lambda rng: geometric(5, args.block_mean, rng)[0],
             False,
         ),
+        names[3]: (5, lambda rng: geometric(5, args.block_mean, rng)[0], stages),
     }
 
     def once(name, seed, tokens):
         spec = drafters[name]
         if spec is None:
             return run(generate_step(prompt, model, max_tokens=tokens))
-        k, make, with_mtp = spec
-        inner = MTPDrafter(model) if with_mtp else None
-        drafter = OracleDrafter(greedy, make(random.Random(seed)), vocab, inner)
+        k, make, extra = spec
+        inner = MTPDrafter(model) if extra is True else None
+        work = extra if callable(extra) else None
+        drafter = OracleDrafter(greedy, make(random.Random(seed)), vocab, inner, work)
         steps = speculative_generate_step(
             prompt, model, drafter=drafter, num_draft_tokens=k, max_tokens=tokens
         )
@@ -264,7 +292,7 @@ def oracle(args, config, model):
             per_round[name].append(len(tokens) / n)
             mismatch[name] += sum(a != b for a, b in zip(tokens, greedy))
     base = statistics.median(rates["plain"])
-    means = {"plain": 1.0, names[1]: 1 + sum(mtp_rates), names[2]: args.block_mean}
+    means = dict(zip(names, (1.0, 1 + sum(mtp_rates), *[args.block_mean] * 2)))
     print(
         f"oracle drafters after {args.context} tokens, {args.tokens} tokens a "
         f"run, medians of {args.repeat} alternated runs (block 5: each draft "
