@@ -184,16 +184,17 @@ def geometric(block, mean, rng):
 
 
 def run(steps):
-    """tok/s from the first token on, the tokens, and the rounds (tokens the
-    target gave, not the drafter)."""
+    """tok/s from the first token on, the tokens, and the time of a round
+    (a round ends with a token the target gave, not the drafter)."""
     tokens, rounds, tic = [], 0, None
     for n, item in enumerate(steps):
         if n == 0:
             tic = time.perf_counter()
+        else:
+            rounds += not (len(item) > 2 and item[2])
         tokens.append(int(item[0]))
-        rounds += not (len(item) > 2 and item[2])
-    rate = (len(tokens) - 1) / (time.perf_counter() - tic)
-    return rate, tokens, rounds
+    elapsed = time.perf_counter() - tic
+    return (len(tokens) - 1) / elapsed, tokens, elapsed / max(rounds, 1)
 
 
 def rounds(args, config, model):
@@ -206,14 +207,12 @@ def rounds(args, config, model):
     # The first of each warms up (compiled steps of every forward's length).
     for r in range(args.repeat + 1):
         tokens = args.tokens if r else 16
-        rate, _, _ = run(generate_step(prompt, model, max_tokens=tokens))
-        plain.append(1 / rate)
+        _, _, step = run(generate_step(prompt, model, max_tokens=tokens))
+        plain.append(step)
         steps = speculative_generate_step(
             prompt, model, mtp=True, num_draft_tokens=args.mtp_k, max_tokens=tokens
         )
-        tic = time.perf_counter()
-        rate, tokens, n = run(steps)
-        spec.append((time.perf_counter() - tic) / n)
+        spec.append(run(steps)[2])
     step, round_ = statistics.median(plain[1:]), statistics.median(spec[1:])
     print(
         f"rounds after {args.context} tokens, medians of {args.repeat}: plain "
@@ -284,12 +283,14 @@ def oracle(args, config, model):
         once(name, -1, 16)
     rates = {name: [] for name in drafters}
     per_round = {name: [] for name in drafters}
+    round_time = {name: [] for name in drafters}
     mismatch = {name: 0 for name in drafters}
     for r in range(args.repeat):
         for name in drafters:
-            rate, tokens, n = once(name, r, args.tokens)
+            rate, tokens, t = once(name, r, args.tokens)
             rates[name].append(rate)
-            per_round[name].append(len(tokens) / n)
+            per_round[name].append(rate * t)
+            round_time[name].append(t)
             mismatch[name] += sum(a != b for a, b in zip(tokens, greedy))
     base = statistics.median(rates["plain"])
     means = dict(zip(names, (1.0, 1 + sum(mtp_rates), *[args.block_mean] * 2)))
@@ -307,7 +308,9 @@ def oracle(args, config, model):
         rate = statistics.median(rates[name])
         per = statistics.mean(per_round[name])
         # The round's time in plain steps.
-        cost = per / rate * base
+        cost = statistics.median(round_time[name]) / statistics.median(
+            round_time["plain"]
+        )
         print(
             f"{name:24} {rate:>8.2f} {rate / base:>8.2f} {per:>13.2f} "
             f"{cost:>11.2f} {means[name] / cost:>12.2f} {mismatch[name]:>9}"
