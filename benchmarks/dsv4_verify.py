@@ -203,7 +203,19 @@ def rounds(args, config, model):
     mx.random.seed(args.seed + 1)
     prompt = mx.random.randint(0, config["vocab_size"], (args.context,))
     prompt = prompt.astype(mx.int32)
-    plain, spec = [], []
+    plain, spec, sync = [], [], []
+
+    def one_at_a_time(n):
+        # Plain steps with no pipelining: each token evaluated before the
+        # next step is built (generate_step overlaps them).
+        cache, y = prefill(model, prompt[:-1]), prompt[None, -1:]
+        mx.eval(model(y, cache))
+        tic = time.perf_counter()
+        for _ in range(n):
+            y = model(y, cache)[:, -1:].argmax(-1)
+            mx.eval(y)
+        return (time.perf_counter() - tic) / n
+
     # The first of each warms up (compiled steps of every forward's length).
     for r in range(args.repeat + 1):
         tokens = args.tokens if r else 16
@@ -213,11 +225,14 @@ def rounds(args, config, model):
             prompt, model, mtp=True, num_draft_tokens=args.mtp_k, max_tokens=tokens
         )
         spec.append(run(steps)[2])
+        sync.append(one_at_a_time(tokens // 2))
     step, round_ = statistics.median(plain[1:]), statistics.median(spec[1:])
+    one = statistics.median(sync[1:])
     print(
         f"rounds after {args.context} tokens, medians of {args.repeat}: plain "
         f"step {step * 1e3:.1f} ms; MTP round at k={args.mtp_k} "
-        f"{round_ * 1e3:.1f} ms = {round_ / step:.2f} plain steps"
+        f"{round_ * 1e3:.1f} ms = {round_ / step:.2f} plain steps; a step one "
+        f"at a time {one * 1e3:.1f} ms ({round_ / one:.2f} of those)"
     )
 
 
