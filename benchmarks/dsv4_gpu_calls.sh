@@ -50,4 +50,10 @@ case $1 in
   run b535387 70 X=1 --experts 8 --bits 4 --prefill 2048,16384 --decode 1024 --steps 64 $P
   run main 70 X=1 --experts 8 --bits 4 --prefill 2048,16384 --decode 1024 --steps 64 $P
   ;;
+5)
+  B=benchmarks/dsv4_verify.py
+  run main 330 X=1 $L43 --context 1024 --rounds --mtp-k 2 --oracle --tokens 48 --repeat 3
+  run main 60 X=1 $L43 --context 1024 --no-verify --rounds --mtp-k 1
+  run main 60 X=1 $L43 --context 1024 --no-verify --rounds --mtp-k 3
+  ;;
 esac

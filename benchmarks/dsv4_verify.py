@@ -42,6 +42,8 @@ from pathlib import Path
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
+from mlx_lm.models.drafters import Drafter
+
 sys.path.insert(0, str(Path(__file__).parent))
 from dsv4_speed import OVERRIDES, make_config, make_fork  # noqa: E402
 from long_decode import cache_arrays  # noqa: E402
@@ -110,11 +112,11 @@ def verify(args, config, model):
         print(f"{n:>3} {t * 1e3:>9.2f} {t / t1:>7.2f} {p:>11.0f} {p / p1:>7.2f}")
 
 
-class OracleDrafter:
-    """A ``Drafter`` proposing the target's greedy tokens ``greedy`` (a plain
-    run's), the first ``accepted()`` of a round right, the next wrong. With
-    ``inner`` (an MTPDrafter) the inner drafter runs as it would and its
-    tokens are replaced, so a round costs what its compute costs."""
+class OracleDrafter(Drafter):
+    """A ``Drafter`` (one row) proposing the target's greedy tokens ``greedy``
+    (a plain run's), the first ``accepted()`` of a round right, the next
+    wrong. With ``inner`` (an MTPDrafter) the inner drafter runs as it would
+    and its tokens are replaced, so a round costs what its compute costs."""
 
     def __init__(self, greedy, accepted, vocab, inner=None, work=None):
         self.greedy, self.accepted, self.vocab = greedy, accepted, vocab
@@ -122,37 +124,39 @@ class OracleDrafter:
         # A drafter's compute to pay for each round (the drafts wait on it).
         self.work = work
         self.return_hidden = inner.return_hidden if inner else None
-        self.cache = inner.cache if inner else []
         self.pos = 0
 
-    def prefill(self, tokens, hidden):
-        if self.inner:
-            self.inner.prefill(tokens, hidden)
+    def make_cache(self):
+        return self.inner.make_cache() if self.inner else []
 
-    def draft(self, y, num_draft, sample):
+    def prefill(self, cache, tokens, hidden, lengths):
         if self.inner:
-            drafted, _ = self.inner.draft(y, num_draft, sample)
-            num_draft = drafted.size
+            self.inner.prefill(cache, tokens, hidden, lengths)
+
+    def draft(self, cache, inputs, num_draft, sample):
+        if self.inner:
+            drafted, _ = self.inner.draft(cache, inputs, num_draft, sample)
+            num_draft = drafted.shape[1]
         drafts = self.greedy[self.pos : self.pos + num_draft]
         drafts = drafts + [0] * (num_draft - len(drafts))
         right = self.accepted()
         if right < num_draft:
             drafts[right] = (drafts[right] + 1) % self.vocab
-        drafts = mx.array(drafts, mx.uint32)
+        drafts = mx.array([drafts], mx.uint32)
         if self.work is not None:
             drafts = mx.depends(drafts, self.work(num_draft))
         if self.inner:
             self.inner._drafts = drafts
         return drafts, None
 
-    def accept(self, num_accept, hidden):
-        self.pos += num_accept + 1
+    def accept(self, cache, accepted, hidden):
+        self.pos += accepted[0] + 1
         if self.inner:
-            self.inner.accept(num_accept, hidden)
+            self.inner.accept(cache, accepted, hidden)
 
-    def finish(self):
+    def finish(self, cache):
         if self.inner:
-            self.inner.finish()
+            self.inner.finish(cache)
 
 
 def per_position(rates, rng):
