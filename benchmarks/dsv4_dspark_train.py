@@ -17,9 +17,10 @@ window of the target's tapped states before an anchor, the query block
 [anchor, noise x (block - 1)] (non-causal inside the block) predicts the
 block of bytes after the anchor, position i the byte i + 1 after it, with
 the Markov head's bias from the text's byte before each (teacher-forced);
-the loss is the cross-entropy on the text's bytes. The confidence head
-learns, by a binary cross-entropy on the drafter's detached state,
-whether each draft equals the target's argmax there.
+the loss is the cross-entropy on the text's bytes. Then the confidence
+head alone learns, on the drafter frozen, by a binary cross-entropy,
+whether each draft equals the target's argmax there. ``--weights`` keeps
+the first two phases' weights in a file and reads them from it again.
 
 The measure is a round at every position of held-out spans, as at
 inference: the target's cache holds the span up to the anchor, the drafter
@@ -79,10 +80,12 @@ def markov_logits(model, base, prev):
     return base + bias, e
 
 
-def dspark_loss(model, windows, anchors, labels, greedy):
-    """The drafter's loss on blocks after anchors: ``windows`` [N, W, F]
-    the target's taps before each anchor, ``labels`` [N, K] the text's K
-    bytes after it, ``greedy`` [N, K] the target's argmax there."""
+def dspark_forward(model, windows, anchors, labels):
+    """The drafter's logits [N, K, V] on blocks after anchors, the last
+    stage's state [N, K, D] and the Markov embeddings [N, K, r]:
+    ``windows`` [N, W, F] the target's taps before each anchor, ``labels``
+    [N, K] the text's K bytes after it (each position's Markov bias from
+    the text's byte before)."""
     W = windows.shape[1]
     noise = model.args.dspark_noise_token_id
     blocks = mx.concatenate(
@@ -95,15 +98,30 @@ def dspark_loss(model, windows, anchors, labels, greedy):
     base, x = dspark_block(model, blocks, context, W)
     prev = mx.concatenate([anchors[:, None], labels[:, :-1]], axis=1)
     logits, e = markov_logits(model, base, prev)
+    return logits, x, e
+
+
+def dspark_loss(model, windows, anchors, labels, greedy):
+    """The drafter's cross-entropy on the text's bytes, and the share of
+    its drafts equal to the target's argmax ``greedy`` [N, K] there."""
+    logits, _, _ = dspark_forward(model, windows, anchors, labels)
     ce = nn.losses.cross_entropy(logits, labels, reduction="mean")
-    hit = mx.stop_gradient(mx.argmax(logits, axis=-1) == greedy)
-    confidence = model.dspark[-1].confidence_head(
-        mx.stop_gradient(x), mx.stop_gradient(e)
+    hit = (mx.argmax(logits, axis=-1) == greedy).astype(mx.float32)
+    return ce, hit.mean(0)
+
+
+def confidence_loss(model, windows, anchors, labels, greedy):
+    """The confidence head's binary cross-entropy on whether each draft of
+    the (frozen) drafter equals the target's argmax there, from the
+    head's logit (its sigmoid is ``ConfidenceHead``'s output)."""
+    logits, x, e = map(
+        mx.stop_gradient, dspark_forward(model, windows, anchors, labels)
     )
-    bce = nn.losses.binary_cross_entropy(
-        confidence, hit.astype(mx.float32), with_logits=False, reduction="mean"
-    )
-    return ce + bce, (ce, bce, hit.astype(mx.float32).mean(0))
+    hit = (mx.argmax(logits, axis=-1) == greedy).astype(mx.float32)
+    head = model.dspark[-1].confidence_head
+    logit = head.proj(mx.concatenate([x, e], axis=-1))[..., 0]
+    bce = nn.losses.binary_cross_entropy(logit, hit, reduction="mean")
+    return bce, hit.mean()
 
 
 def dspark_batch(model, data, args):
@@ -128,13 +146,13 @@ def dspark_batch(model, data, args):
     return windows, anchors, labels, greedy
 
 
-def train_dspark(model, data, args):
-    """The drafter's stages trained, the target frozen."""
+def train_drafter(model, data, args, modules, loss_fn, name):
+    """``modules`` trained on ``loss_fn``, the rest of the model frozen."""
     model.freeze()
-    for stage in model.dspark:
-        stage.unfreeze()
+    for m in modules:
+        m.unfreeze()
     optimizer = optim.Adam(learning_rate=args.learning_rate)
-    step = nn.value_and_grad(model, lambda m, *b: dspark_loss(m, *b)[0])
+    step = nn.value_and_grad(model, lambda m, *b: loss_fn(m, *b)[0])
     tic = time.perf_counter()
     for i in range(args.steps):
         batch = dspark_batch(model, data, args)
@@ -142,12 +160,11 @@ def train_dspark(model, data, args):
         optimizer.update(model, grads)
         mx.eval(model.parameters(), optimizer.state, loss)
         if (i + 1) % args.report == 0 or i + 1 == args.steps:
-            _, (ce, bce, hit) = dspark_loss(model, *batch)
-            hits = " ".join(f"{h:.2f}" for h in hit.tolist())
+            loss, hit = loss_fn(model, *batch)
+            hits = " ".join(f"{h:.2f}" for h in hit.reshape(-1).tolist())
             print(
-                f"step {i + 1}: DSpark loss {ce.item():.3f}, confidence BCE "
-                f"{bce.item():.3f}, drafts = the target's argmax [{hits}] "
-                f"({time.perf_counter() - tic:.0f} s)"
+                f"step {i + 1}: {name} {loss.item():.3f}, drafts = the "
+                f"target's argmax [{hits}] ({time.perf_counter() - tic:.0f} s)"
             )
 
 
@@ -291,6 +308,7 @@ def main():
         "--anchors", type=int, default=16, help="DSpark blocks a training row"
     )
     parser.add_argument("--dspark-steps", type=int, help="default: --steps")
+    parser.add_argument("--confidence-steps", type=int, default=100)
     parser.add_argument(
         "--weights",
         help="a .safetensors file: the trained weights saved there, or, where "
@@ -342,13 +360,22 @@ def main():
         )
         dspark_args = argparse.Namespace(**vars(args))
         dspark_args.steps = args.dspark_steps or args.steps
-        train_dspark(model, data, dspark_args)
-    model.eval()
-    dspark_trained = model.parameters()["dspark"]
+        train_drafter(
+            model, data, dspark_args, model.dspark, dspark_loss, "DSpark loss"
+        )
     if args.weights and not load:
         weights = dict(tree_flatten(mtp_model.parameters()))
-        weights.update(tree_flatten({"dspark": dspark_trained}))
+        weights.update(tree_flatten({"dspark": model.parameters()["dspark"]}))
         mx.save_safetensors(args.weights, weights)
+    # The confidence head from its initial weights, on the drafter frozen.
+    head = model.dspark[-1].confidence_head
+    head.update(dspark_untrained[-1]["confidence_head"])
+    print("the confidence head on the frozen drafter")
+    conf_args = argparse.Namespace(**vars(args))
+    conf_args.steps = args.confidence_steps
+    train_drafter(model, data, conf_args, [head], confidence_loss, "BCE")
+    model.eval()
+    dspark_trained = model.parameters()["dspark"]
     trained_s = time.perf_counter() - tic
 
     # Rounds at every anchor of the held-out spans with a whole window
