@@ -42,7 +42,7 @@ import dsv4_mtp_train
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
-from mlx.utils import tree_flatten
+from mlx.utils import tree_flatten, tree_map
 
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import trim_prompt_cache
@@ -151,7 +151,10 @@ def train_drafter(model, data, args, modules, loss_fn, name):
     model.freeze()
     for m in modules:
         m.unfreeze()
-    optimizer = optim.Adam(learning_rate=args.learning_rate)
+    rate = args.learning_rate
+    if args.decay:
+        rate = optim.cosine_decay(rate, args.steps)
+    optimizer = optim.Adam(learning_rate=rate)
     step = nn.value_and_grad(model, lambda m, *b: loss_fn(m, *b)[0])
     tic = time.perf_counter()
     for i in range(args.steps):
@@ -310,6 +313,12 @@ def main():
     parser.add_argument("--dspark-steps", type=int, help="default: --steps")
     parser.add_argument("--confidence-steps", type=int, default=100)
     parser.add_argument(
+        "--confidence-learning-rate",
+        type=float,
+        default=2e-5,
+        help="the head's Adam rate, cosine-decayed to 0",
+    )
+    parser.add_argument(
         "--weights",
         help="a .safetensors file: the trained weights saved there, or, where "
         "it exists, read from it in place of training",
@@ -360,6 +369,7 @@ def main():
         )
         dspark_args = argparse.Namespace(**vars(args))
         dspark_args.steps = args.dspark_steps or args.steps
+        dspark_args.decay = False
         train_drafter(
             model, data, dspark_args, model.dspark, dspark_loss, "DSpark loss"
         )
@@ -367,12 +377,17 @@ def main():
         weights = dict(tree_flatten(mtp_model.parameters()))
         weights.update(tree_flatten({"dspark": model.parameters()["dspark"]}))
         mx.save_safetensors(args.weights, weights)
-    # The confidence head from its initial weights, on the drafter frozen.
+    # The confidence head from zero (a logistic regression), on the drafter
+    # frozen. Its input is the last stage's state before the norm, of RMS
+    # in the hundreds here: the head's uniform initial weights give logits
+    # of hundreds, and Adam at the drafter's rate moves them as much.
     head = model.dspark[-1].confidence_head
-    head.update(dspark_untrained[-1]["confidence_head"])
+    head.update(tree_map(mx.zeros_like, head.parameters()))
     print("the confidence head on the frozen drafter")
     conf_args = argparse.Namespace(**vars(args))
     conf_args.steps = args.confidence_steps
+    conf_args.learning_rate = args.confidence_learning_rate
+    conf_args.decay = True
     train_drafter(model, data, conf_args, [head], confidence_loss, "BCE")
     model.eval()
     dspark_trained = model.parameters()["dspark"]
