@@ -52,8 +52,8 @@ case $1 in
   ;;
 5)
   B=benchmarks/dsv4_verify.py
-  run main 330 X=1 $L43 --context 1024 --rounds --mtp-k 2 --oracle --tokens 48 --repeat 3
-  run main 60 X=1 $L43 --context 1024 --no-verify --rounds --mtp-k 1
-  run main 60 X=1 $L43 --context 1024 --no-verify --rounds --mtp-k 3
+  run main 290 X=1 $L43 --context 1024 --rounds --mtp-k 2 --oracle --tokens 48 --repeat 3
+  run main 50 X=1 $L43 --context 1024 --no-verify --rounds --mtp-k 1
+  run main 50 X=1 $L43 --context 1024 --no-verify --rounds --mtp-k 3
   ;;
 esac
