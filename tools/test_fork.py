@@ -79,7 +79,7 @@ class TestForkAssembly(unittest.TestCase):
             deps = [p for p in fork.closure(prs, [pr.name]) if p is not pr]
             for patch in pr.patches():
                 rel = fork.target_of(patch)
-                base = fork._apply_all((self.upstream / rel).read_text(), rel, deps)
+                base = fork._apply_all(fork.assemble.base_text(rel), rel, deps)
                 new = fork._apply_all(base, rel, [pr])
                 text = patch.read_text()
                 made = [fork.make_patch(rel, base, new, n) for n in (3, 2, 1, 0)]
