@@ -437,12 +437,16 @@ class TestMTPBatch(unittest.TestCase):
         for c in batch:
             self.assertTrue(c.trim_rows(counts))
         self.assertEqual(batch[0].offsets, [45, 35, 22])
+        # A verify of four tokens (the decode step widened to its rows), then
+        # one more token.
+        verify = mx.array([[3, 9, 4, 7], [4, 8, 2, 6], [5, 7, 3, 9]])
         nxt = mx.array([[3], [4], [5]])
-        got = model(nxt, cache=batch)[:, -1]
+        got = [model(verify, cache=batch), model(nxt, cache=batch)]
         for b, (cache, n) in enumerate(zip(caches, counts)):
             self.assertEqual(trim_prompt_cache(cache, n), n)
-            alone = model(nxt[b : b + 1], cache=cache)[0, -1]
-            self.assertTrue(mx.allclose(got[b], alone, atol=1e-4))
+            for tokens, out in zip((verify, nxt), got):
+                alone = model(tokens[b : b + 1], cache=cache)[0]
+                self.assertTrue(mx.allclose(out[b], alone, atol=1e-4))
 
     def test_batch_caches_round_trip(self):
         generator = BatchGenerator(self.model, mtp=True, stop_tokens=set())
