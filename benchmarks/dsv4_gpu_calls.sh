@@ -56,4 +56,20 @@ case $1 in
   run main 50 X=1 $L43 --context 1024 --no-verify --rounds --mtp-k 1
   run main 50 X=1 $L43 --context 1024 --no-verify --rounds --mtp-k 3
   ;;
+7)
+  # 4-bit at 43 layers: a 6-layer warm-up process first compiles the
+  # quantized matmuls (CUTLASS, at run time; later processes reuse them).
+  run main 240 X=1 --experts 8 --bits 4 --prefill 2048 --decode 1024 --steps 16
+  run main 110 X=1 $L43 --bits 4 --prefill 2048 --decode 1024 --steps 24 $P
+  run b535387 110 X=1 $L43 --bits 4 --prefill 2048 --decode 1024 --steps 24 $P
+  ;;
+8)
+  # What a verify over L tokens costs on the GPU against the experts it
+  # reads: top-6 of 8 (L >= 2 reads up to all 8) against top-8 of 8 (every
+  # L reads the same 8), 6 layers, bf16.
+  B=benchmarks/dsv4_verify.py
+  for e in 6 8 6; do
+    run main 100 X=1 --layers 6 --experts 8 --experts-per-token $e --context 1024 --lengths 1,2,4,8
+  done
+  ;;
 esac
