@@ -72,4 +72,12 @@ case $1 in
     run main 100 X=1 --layers 6 --experts 8 --experts-per-token $e --context 1024 --lengths 1,2,4,8
   done
   ;;
+9)
+  # Where the verify's extra time goes: a layer's matmuls at M = 1..8 rows,
+  # and the host's graph building against the evaluation of a forward.
+  B=benchmarks/dsv4_rows_ops.py
+  run main 120 X=1
+  run main 120 X=1 --forward --layers 6 --experts 8
+  run main 200 X=1 --forward --layers 43 --experts 8
+  ;;
 esac
