@@ -76,8 +76,8 @@ case $1 in
   # Where the verify's extra time goes: a layer's matmuls at M = 1..8 rows,
   # and the host's graph building against the evaluation of a forward.
   B=benchmarks/dsv4_rows_ops.py
-  run main 120 X=1
-  run main 120 X=1 --forward --layers 6 --experts 8
-  run main 200 X=1 --forward --layers 43 --experts 8
+  run main 100 X=1
+  run main 150 X=1 --forward --layers 6 --experts 8
+  run main 250 X=1 --forward --layers 43 --experts 8
   ;;
 esac
