@@ -74,6 +74,21 @@ def ops(rows, dtype):
         return out.reshape(m, -1)
 
     table["experts gather_mm 4096->2048 x6"] = (w, experts, 4096)
+
+    def experts_sorted(x, w=w):
+        # The pairs sorted by expert, as upstream's SwitchGLU does from 64
+        # pairs on: each expert's rows as one matmul (the rows come out in
+        # the pairs' sorted order; only the time counts here).
+        m = x.shape[0]
+        flat = idx[:m].flatten()
+        order = mx.argsort(flat)
+        rows = x[order // idx.shape[1]][:, None]
+        out = mx.gather_mm(
+            rows, w.swapaxes(-1, -2), rhs_indices=flat[order], sorted_indices=True
+        )
+        return out.reshape(m, -1)
+
+    table["experts gather_mm sorted by expert"] = (w, experts_sorted, 4096)
     # One token's attention: the 64 heads' queries (x L) over 385 keys.
     keys = (0.02 * mx.random.normal((1, 385, 512))).astype(dtype)
     table["attention scores 64L x 512 . 385 keys"] = (
