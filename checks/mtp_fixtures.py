@@ -1,12 +1,13 @@
 # Copyright © 2026 Apple Inc.
 """Tiny DeepSeek-V4 models, folders and a server for the fork's deeper
 speculative-decoding checks (test_mtp_deep.py, test_trim_deep.py):
-tests/test_deepseek_v4.py's and tests/test_server_requests.py's fixtures."""
+tests/test_deepseek_v4.py's and tests/server_fixture.py's fixtures."""
 
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from server_fixture import ServerThread, make_model_provider  # noqa: E402, F401
 from test_deepseek_v4 import (  # noqa: E402, F401
     GRAPH_BOUND,
     TINY_CONFIG,
@@ -18,4 +19,3 @@ from test_deepseek_v4 import (  # noqa: E402, F401
     max_diff,
     random_weights,
 )
-from test_server_requests import ServerThread, make_model_provider  # noqa: E402, F401

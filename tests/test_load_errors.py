@@ -1,26 +1,23 @@
 # Copyright © 2026 Apple Inc.
 
-import http.client
 import json
 import os
 import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 import unittest
 import urllib.error
 import urllib.request
-from http.server import ThreadingHTTPServer
 from pathlib import Path
-from unittest import mock
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes
+from server_fixture import ServerThread
 
-from mlx_lm import load, server
+from mlx_lm import load
 from mlx_lm.chat_templates.deepseek_v4 import bos_token, eos_token, special_tokens
 
 # Tiny folders: a Llama; a Mamba, whose cache cannot be quantized; a Qwen3.5,
@@ -266,37 +263,18 @@ class TestServerWithABadModelFolder(TemporaryFolderTestCase):
     def test_requests_name_the_load_error(self):
         path = make_folder(self.tmp / "model")
         weights = truncate_weights(path)
-        # The model provider `mlx_lm.server` makes, its server in this process.
-        argv = ["mlx_lm.server", "--model", str(path), "--log-level", "ERROR"]
-        with mock.patch.object(server, "run") as run:
-            with mock.patch.object(sys, "argv", argv):
-                server.main()
-        provider = run.call_args.args[2]
-        cache = server.LRUPromptCache(provider.cli_args.prompt_cache_size)
-        generator = server.ResponseGenerator(provider, cache)
-        httpd = ThreadingHTTPServer(
-            ("127.0.0.1", 0), lambda *a, **kw: server.APIHandler(generator, *a, **kw)
-        )
-        threading.Thread(target=httpd.serve_forever, daemon=True).start()
-
-        def request(method, url, body=None):
-            conn = http.client.HTTPConnection(*httpd.server_address, timeout=300)
-            conn.request(method, url, body and json.dumps(body))
-            response = conn.getresponse()
-            return response.status, json.loads(response.read() or "null")
-
+        # The server in this process (server-requests' fixture).
+        thread = ServerThread(path)
         try:
-            generator.join()
-            self.assertEqual(request("GET", "/health")[0], 503)
+            thread.generator.join()
+            self.assertEqual(thread.request("GET", "/health")[0], 503)
             messages = [{"role": "user", "content": "w9 w10"}]
             body = {"messages": messages, "max_tokens": 3}
-            status, answer = request("POST", "/v1/chat/completions", body)
+            status, answer = thread.chat(body)
             self.assertEqual(status, 500)
             self.assertIn(weights, str(answer["error"]))
         finally:
-            httpd.shutdown()
-            httpd.server_close()
-            generator.stop_and_join()
+            thread.close()
 
 
 if __name__ == "__main__":

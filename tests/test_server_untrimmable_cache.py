@@ -2,40 +2,15 @@
 
 import http.client
 import json
-import sys
-import tempfile
-import threading
 import unittest
-from http.server import ThreadingHTTPServer
-from pathlib import Path
 from unittest import mock
 
-import mlx.core as mx
-from mlx_lm.utils import _get_classes, save_model
+from server_fixture import ServerTestCase
 
 from mlx_lm import server
 
 # Qwen3.5's shape in small: linear-attention layers, whose cache cannot be
 # trimmed, and a template that ends in <think> unless thinking is off.
-CONFIG = {
-    "model_type": "qwen3_5",
-    "text_config": {
-        "model_type": "qwen3_5_text",
-        "vocab_size": 384,
-        "hidden_size": 32,
-        "intermediate_size": 64,
-        "num_hidden_layers": 2,
-        "num_attention_heads": 4,
-        "num_key_value_heads": 2,
-        "head_dim": 8,
-        "linear_num_value_heads": 2,
-        "linear_num_key_heads": 2,
-        "linear_key_head_dim": 8,
-        "linear_value_head_dim": 8,
-        "full_attention_interval": 2,
-        "tie_word_embeddings": False,
-    },
-}
 CHAT_TEMPLATE = (
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
@@ -45,79 +20,18 @@ CHAT_TEMPLATE = (
 SPECIAL_TOKENS = ["<bos>", "<eos>", "<|im_start|>", "<|im_end|>", "<think>", "</think>"]
 
 
-def make_model_folder(path):
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
-    from transformers import PreTrainedTokenizerFast
-
-    path.mkdir(parents=True)
-    mx.random.seed(0)
-    model_class, args_class = _get_classes(CONFIG)
-    model = model_class(args_class.from_dict(CONFIG))
-    # Zero logits for BOS and EOS, so greedy decoding runs to the token limit.
-    model.language_model.lm_head.weight[:2] = 0.0
-    mx.eval(model.parameters())
-    save_model(path, model, donate_model=True)
-    with open(path / "config.json", "w") as f:
-        json.dump(CONFIG, f)
-    tokenizer = Tokenizer(models.BPE())
-    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
-    tokenizer.decoder = decoders.ByteLevel()
-    trainer = trainers.BpeTrainer(
-        vocab_size=CONFIG["text_config"]["vocab_size"],
-        special_tokens=SPECIAL_TOKENS,
-        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(),
-        show_progress=False,
-    )
-    tokenizer.train_from_iterator(["The quick brown fox jumps. " * 4] * 8, trainer)
-    PreTrainedTokenizerFast(
-        tokenizer_object=tokenizer,
-        bos_token="<bos>",
-        eos_token="<eos>",
-        chat_template=CHAT_TEMPLATE,
-    ).save_pretrained(path)
-    return path
-
-
-class TestServerUntrimmableCache(unittest.TestCase):
-
-    @classmethod
-    def setUpClass(cls):
-        cls._tmp = tempfile.TemporaryDirectory()
-        path = make_model_folder(Path(cls._tmp.name) / "model")
-        argv = ["mlx_lm.server", "--model", str(path), "--log-level", "CRITICAL"]
-        with mock.patch.object(server, "run") as run:
-            with mock.patch.object(sys, "argv", argv):
-                server.main()
-        provider = run.call_args.args[2]
-        cache = server.LRUPromptCache(provider.cli_args.prompt_cache_size)
-        cls.generator = server.ResponseGenerator(provider, cache)
-        cls.httpd = ThreadingHTTPServer(
-            ("127.0.0.1", 0),
-            lambda *a, **kw: server.APIHandler(cls.generator, *a, **kw),
-        )
-        threading.Thread(target=cls.httpd.serve_forever, daemon=True).start()
-
-    @classmethod
-    def tearDownClass(cls):
-        cls.httpd.shutdown()
-        cls.httpd.server_close()
-        cls.generator.stop_and_join()
-        cls._tmp.cleanup()
+class TestServerUntrimmableCache(ServerTestCase):
+    model_type = "qwen3_5"
+    tokenizer_args = {"chat_template": CHAT_TEMPLATE, "special_tokens": SPECIAL_TOKENS}
 
     def chat(self, **body):
         return self.post("/v1/chat/completions", **body)
 
     def post(self, path, **body):
-        port = self.httpd.server_address[1]
-        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=300)
         try:
-            conn.request("POST", path, json.dumps(body))
-            response = conn.getresponse()
-            return response.status, response.read().decode()
+            return self.server.send("POST", path, body)
         except (ConnectionError, http.client.HTTPException) as e:
             return None, repr(e)
-        finally:
-            conn.close()
 
     def test_a_request_repeated_after_one_without_thinking_is_served(self):
         messages = [{"role": "user", "content": "The quick brown fox"}]
