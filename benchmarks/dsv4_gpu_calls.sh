@@ -26,7 +26,7 @@ run() {  # run <tree> <timeout> <env> args...
   echo "=== $n $tree [$envs] $* ($(date -u +%T))" | tee $log
   env $envs PYTHONPATH=build/gpu/$tree:$VLM:/tmp/site timeout $limit ${PY:-python3} $B "$@" ${EXTRA:-} >>$log 2>&1
   echo "rc $? ($(date -u +%T))" >>$log
-  grep -E "$PAT" $log | grep -v '^  ' | tail -40
+  grep -E "$PAT" $log | grep -v -e '^  ' -e '^===' | tail -40
 }
 L43="--layers 43 --experts 8"
 P="--peer --peer-exact-indexer"

@@ -449,8 +449,8 @@ class Peer:
         elapsed = time.perf_counter() - tic
         rounds = len(drafter.accept_lens)
         drafted = getattr(drafter, "draft_lens", None)
-        if drafted and set(drafted[:-1]) != {drafts}:
-            # Its loop may shorten the last round to the tokens left.
+        if drafted and (drafted[0] != drafts or max(drafted) != drafts):
+            # Its loop shortens the last rounds to the tokens left, as ours.
             print(f"warning: mlx-vlm's {kind} rounds drafted {drafted}")
         return elapsed / max(rounds, 1), n / max(rounds, 1)
 
@@ -583,7 +583,7 @@ def rounds(args, config, model, dmodel=None, peer=None):
             mine = times.get(name, times.get(f"ours: {name}"))
             theirs = times[f"mlx-vlm: {name}"]
             ratio = statistics.median(a / b for a, b in zip(mine, theirs))
-            print(f"  {name:32} {ratio:.2f}")
+            print(f"ours/mlx-vlm {name:32} {ratio:.2f}")
 
 
 def oracle(args, config, model, dmodel=None):
