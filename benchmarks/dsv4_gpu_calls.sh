@@ -8,19 +8,25 @@
 # Pillow and numpy wheels (cp312) go into .mlxcuda/b/ for mlx-vlm's imports;
 # cute.tar.xz (mlx/include/cute and cutlass of the mlx-cuda-13 wheel) for the
 # quantized matmuls, which MLX compiles at run time against them.
+# A trial on a CPU (each line at small sizes): PY (the python), VLM (mlx_vlm's
+# parent folder), EXTRA (arguments after each line's, which override them),
+# e.g. for part 6: EXTRA="--tiny --dtype float32 --layers 4 --context 64
+# --tokens 8 --repeat 1".
 set -u
-mkdir -p /tmp/vlm && tar -C /tmp/vlm -xJf build/gpu/mlxvlm.tar.xz
+VLM=${VLM:-/tmp/vlm}
+[ -f build/gpu/mlxvlm.tar.xz ] && mkdir -p $VLM && tar -C $VLM -xJf build/gpu/mlxvlm.tar.xz
 [ -f build/gpu/cute.tar.xz ] && tar -C /tmp/site -xJf build/gpu/cute.tar.xz
-nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 B=benchmarks/dsv4_speed.py
+PAT='tok/s|primitives|weights|rc |Error|error'
 n=0
 run() {  # run <tree> <timeout> <env> args...
   tree=$1; limit=$2; envs=$3; shift 3; n=$((n+1))
   log=$OUT/$(printf %02d $n)-$tree.log
   echo "=== $n $tree [$envs] $* ($(date -u +%T))" | tee $log
-  env $envs PYTHONPATH=build/gpu/$tree:/tmp/vlm:/tmp/site timeout $limit python3 $B "$@" >>$log 2>&1
+  env $envs PYTHONPATH=build/gpu/$tree:$VLM:/tmp/site timeout $limit ${PY:-python3} $B "$@" ${EXTRA:-} >>$log 2>&1
   echo "rc $? ($(date -u +%T))" >>$log
-  grep -E 'tok/s|primitives|weights|rc |Error|error' $log | grep -v '^  ' | tail -40
+  grep -E "$PAT" $log | grep -v -e '^  ' -e '^===' | tail -40
 }
 L43="--layers 43 --experts 8"
 P="--peer --peer-exact-indexer"
@@ -55,6 +61,18 @@ case $1 in
   run main 290 X=1 $L43 --context 1024 --rounds --mtp-k 2 --oracle --tokens 48 --repeat 3
   run main 50 X=1 $L43 --context 1024 --no-verify --rounds --mtp-k 1
   run main 50 X=1 $L43 --context 1024 --no-verify --rounds --mtp-k 3
+  ;;
+6)
+  # Drafting rounds with the real drafters (issue 31), about 500 s at most
+  # in all: the MTP rounds at k=1..3 and DSpark's at block 2..5 (random
+  # drafters: a round's cost), the oracle at the published acceptance, and
+  # mlx-vlm 0.7.10's rounds beside ours. The first process pays the CUDA
+  # JIT: a warm-up on 5 layers at the same widths, every path once.
+  B=benchmarks/dsv4_verify.py
+  PAT='round|step|plain|MTP|DSpark|rc |Error|error|Killed'
+  run main 90 X=1 --layers 5 --experts 8 --context 256 --no-verify --rounds --mtp-k 1,2,3 --dspark --peer --oracle --oracle-sets published --tokens 8 --repeat 1
+  run main 250 X=1 $L43 --context 1024 --no-verify --rounds --mtp-k 1,2,3 --dspark --oracle --oracle-sets published --tokens 32 --repeat 2
+  run main 160 X=1 $L43 --context 1024 --no-verify --rounds --mtp-k 2 --dspark --dspark-blocks 2,5 --peer --tokens 24 --repeat 2
   ;;
 7)
   # 4-bit at 43 layers: a 6-layer warm-up process first compiles the

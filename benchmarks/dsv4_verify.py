@@ -11,8 +11,18 @@ After a ``--context``-token prompt it prints:
   round (so the forwards fall at every offset of the compression windows);
   primitives are the mean over 8 consecutive offsets;
 - rounds (``--rounds``): ``speculative_generate_step``'s round with the MTP
-  block at ``--mtp-k`` drafts (random weights: nothing is accepted, so each
-  round gives one token) against a plain ``generate_step`` step;
+  block at each ``--mtp-k`` (a list) drafts (random weights: nothing is
+  accepted, so each round gives one token) against a plain ``generate_step``
+  step; with ``--dspark`` also its round with the DSpark drafter (a second
+  model: the same target weights, three random DSpark stages, taps after the
+  last three layers, as V4-Flash-0731) at each ``--dspark-blocks`` drafts,
+  through the same loop (``mtp=True`` picks ``DSparkDrafter``); with
+  ``--peer`` also mlx-vlm 0.7.10's rounds on the same weights
+  (``_mtp_rounds`` with its ``deepseek_v4_mtp`` drafter, ``_dflash_rounds``
+  with its ``deepseek_v4_dspark`` drafter, over its ``LanguageModel`` and
+  cache, prefilled as its ``generate_step`` prefills) and its plain step
+  (the pipelined greedy loop of its ``generate_step``, on its model), all
+  alternated in one process;
 - oracle (``--oracle``): greedy tok/s of the loop with drafters that propose
   the target's own greedy tokens (a plain run's) with a wrong one where the
   published acceptance says: MTP at k=2 accepted 70% then 29% per position
@@ -20,7 +30,14 @@ After a ``--context``-token prompt it prints:
   block of 5 drafts of mean accepted length ``--block-mean`` (DSpark's
   figure, read as tokens a round: no drafter compute, then with three
   stand-in stages over the block), against plain decoding, alternated ``--repeat`` times;
-  the loop's tokens are checked against the plain run's;
+  the loop's tokens are checked against the plain run's. ``--oracle-sets``
+  picks the rows: ``published`` (MTP k=1..3 at 70% / 29% / 12% per
+  position, the third extrapolated; with ``--dspark`` the real DSpark
+  drafter at block 5, mean ``--block-mean``), ``standin`` (the block of 5
+  without drafter compute and with the stand-in stages), ``trained`` (the
+  per-position acceptance of the tiny drafters trained by
+  dsv4_dspark_train.py: DSpark at blocks 2..5 with the real drafter, MTP at
+  k=2..5 with the real block);
 - exactness (``--exactness``): the largest logit difference between a
   forward over 8 tokens and 8 one-token steps, float32 and bfloat16 on the
   same weights, and how often their argmax differs.
@@ -28,7 +45,15 @@ After a ``--context``-token prompt it prints:
     python benchmarks/dsv4_verify.py --layers 43 --tiny --dtype float32
     python benchmarks/dsv4_verify.py --layers 43 --tiny --dtype float32 \\
         --rounds --oracle --exactness
+    python benchmarks/dsv4_verify.py --layers 43 --tiny --dtype float32 \\
+        --rounds --dspark --oracle --tokens 32 --repeat 5
+    python benchmarks/dsv4_verify.py --layers 43 --tiny --dtype float32 \\
+        --no-verify --rounds --dspark --peer --tokens 32 --repeat 5
     python benchmarks/dsv4_verify.py --layers 43 --experts 8    # on a GPU
+
+``--peer`` needs mlx-vlm 0.7.10's unpacked ``mlx_vlm`` on the path
+(PYTHONPATH); mlx-vlm's MTP drafter has a window-only layer, so with
+``--peer`` the fork's MTP block is window-only too (``--mtp-ratio 0``).
 """
 
 import argparse
@@ -45,18 +70,68 @@ from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.models.drafters import Drafter
 
 sys.path.insert(0, str(Path(__file__).parent))
-from dsv4_speed import OVERRIDES, make_config, make_fork  # noqa: E402
+from dsv4_speed import (  # noqa: E402
+    OVERRIDES,
+    Driver,
+    forward_fn,
+    import_peer,
+    make_config,
+    make_fork,
+    make_peer,
+    random_weights,
+)
 from long_decode import cache_arrays  # noqa: E402
 
 
 def build(args, dtype=None):
     config = make_config(args)
-    # The MTP block after the layers, a CSA layer as Flash's.
+    # The MTP block after the layers (--mtp-ratio: 4, a CSA layer; 0,
+    # window-only as mlx-vlm's drafter builds it).
     config["num_nextn_predict_layers"] = 1
     config["mtp"] = True
-    config["compress_ratios"] = config["compress_ratios"] + [4]
+    config["compress_ratios"] = config["compress_ratios"] + [args.mtp_ratio]
     model = make_fork(config, dtype=getattr(mx, dtype or args.dtype), seed=args.seed)
     return config, model
+
+
+def dspark_config(args, config):
+    """V4-Flash-0731's layout: three window-only DSpark stages after the
+    layers, the taps after the last three target layers."""
+    layers = config["num_hidden_layers"]
+    return {
+        **config,
+        "compress_ratios": config["compress_ratios"][:layers] + [0, 0, 0],
+        "dspark_block_size": 5,
+        "dspark_noise_token_id": config["vocab_size"] - 1,
+        "dspark_target_layer_ids": [layers - 3, layers - 2, layers - 1],
+        "dspark_markov_rank": args.markov_rank,
+    }
+
+
+def build_dspark(args, config, model):
+    """The target of ``model`` (its arrays, shared) with a random DSpark
+    drafter in place of the MTP block."""
+    from mlx_lm.models.deepseek_v4 import Model, ModelArgs
+
+    dconfig = dspark_config(args, config)
+    dmodel = Model(ModelArgs.from_dict(dconfig))
+
+    class Stages:
+        # random_weights over the drafter's parameters only.
+        def __init__(self):
+            self.args, self.cast_predicate = dmodel.args, dmodel.cast_predicate
+
+        def parameters(self):
+            return {"dspark": dmodel.parameters()["dspark"]}
+
+    dtype = getattr(mx, args.dtype)
+    weights = random_weights(Stages(), dtype, args.seed + 7)
+    weights += [
+        (k, v) for k, v in tree_flatten(model.parameters()) if not k.startswith("mtp.")
+    ]
+    dmodel.update(tree_unflatten(weights))
+    mx.eval(dmodel.parameters())
+    return dconfig, dmodel
 
 
 def prefill(model, prompt, step=2048):
@@ -201,13 +276,201 @@ def run(steps):
     return (len(tokens) - 1) / elapsed, tokens, elapsed / max(rounds, 1)
 
 
-def rounds(args, config, model):
+def ints(text):
+    return [int(n) for n in str(text).split(",") if n]
+
+
+# Per-position acceptance P(accepted >= i) of the tiny drafters trained by
+# benchmarks/dsv4_dspark_train.py (docs/benchmarks.md, "DSpark acceptance,
+# trained tiny model"): the differences of their mean accepted lengths at
+# k = 1..5 drafts (the first k drafts of a round are the same at every k),
+# which give 2.24 / 2.71 / 3.16 / 3.62 (DSpark) and 2.05 / 2.40 / 2.46 /
+# 2.48 (MTP) tokens a target forward at 2 / 3 / 4 / 5 drafts. The script
+# writes no file of them; these are its printed table.
+TRAINED_MEAN_ACCEPTED = {
+    "DSpark": (0.675, 1.239, 1.705, 2.164, 2.623),
+    "MTP": (0.654, 1.050, 1.402, 1.462, 1.481),
+}
+
+
+def trained_rates(name, k):
+    means = (0.0,) + TRAINED_MEAN_ACCEPTED[name]
+    return tuple(round(means[i] - means[i - 1], 3) for i in range(1, k + 1))
+
+
+# MTP's published acceptance: vLLM's V4-Flash figures, 70% then 29% (k=2);
+# the third position extrapolated (0.29 * 0.29 / 0.70), not published.
+MTP_RATES = (0.70, 0.29, 0.12)
+
+
+def import_mlx_vlm_speculative():
+    """mlx-vlm's DeepSeek-V4 MTP and DSpark drafter modules and its MTP and
+    DFlash round loops (``speculative/mtp.py``, ``speculative/dflash.py``),
+    under empty parent packages as dsv4_speed's ``import_peer`` imports its
+    model (their ``__init__`` files import the whole of mlx-vlm)."""
+    import importlib
+    import types
+
+    try:
+        import PIL.Image  # noqa: F401
+    except ImportError:
+        # Used by mlx-vlm's image helpers only.
+        pil = types.ModuleType("PIL")
+        pil.Image = types.ModuleType("PIL.Image")
+        sys.modules.update({"PIL": pil, "PIL.Image": pil.Image})
+    import_peer()
+    root = Path(sys.modules["mlx_vlm"].__path__[0])
+    for name in ("mlx_vlm.speculative", "mlx_vlm.speculative.drafters"):
+        if name not in sys.modules:
+            package = types.ModuleType(name)
+            package.__path__ = [str(root.joinpath(*name.split(".")[1:]))]
+            sys.modules[name] = package
+    drafters = "mlx_vlm.speculative.drafters."
+    return types.SimpleNamespace(
+        mtp_drafter=importlib.import_module(drafters + "deepseek_v4_mtp"),
+        dspark_drafter=importlib.import_module(drafters + "deepseek_v4_dspark"),
+        mtp=importlib.import_module("mlx_vlm.speculative.mtp"),
+        dflash=importlib.import_module("mlx_vlm.speculative.dflash"),
+        common=importlib.import_module("mlx_vlm.speculative.common"),
+    )
+
+
+class Peer:
+    """mlx-vlm 0.7.10 on the fork's arrays: its ``LanguageModel`` holding
+    the target's weights, its MTP drafter loaded from the fork's MTP block
+    (the fork's names mapped onto its modules, checks/test_mtp_mlx_vlm.py's
+    map) and its DSpark drafter from the fork's stages under DeepSeek's
+    released names through its own sanitize (checks/test_dspark_mlx_vlm.py's
+    layout)."""
+
+    def __init__(self, config, model, dconfig=None, dmodel=None):
+        sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "checks"))
+        from test_dspark_mlx_vlm import release_layout
+        from test_mtp_mlx_vlm import mlx_layout, mlx_vlm_names
+
+        self.vlm = vlm = import_mlx_vlm_speculative()
+        layers = config["num_hidden_layers"]
+        if config["compress_ratios"][layers] != 0:
+            raise SystemExit(
+                "--peer: mlx-vlm's MTP layer is window-only (--mtp-ratio 0)"
+            )
+        target = {**config, "compress_ratios": config["compress_ratios"][:layers]}
+        weights = [
+            (k, v) for k, v in tree_flatten(model.parameters()) if "mtp." not in k
+        ]
+        # Exact top-k: mlx-vlm's HISA selection past 1,024 entries.
+        self.model = make_peer(target, weights, exact_indexer=True)
+        mx.eval(self.model.parameters())
+        conf = vlm.mtp_drafter.ModelConfig.from_dict({"text_config": config})
+        self.mtp = vlm.mtp_drafter.Model(conf)
+        mtp = mlx_vlm_names(mlx_layout(model))
+        self.mtp.load_weights(list(mtp.items()), strict=True)
+        self.dspark = None
+        if dmodel is not None:
+            dconf = vlm.dspark_drafter.ModelConfig.from_dict(
+                {
+                    "text_config": target,
+                    "n_mtp_layers": 3,
+                    "target_layer_ids": dconfig["dspark_target_layer_ids"],
+                    "mask_token_id": dconfig["dspark_noise_token_id"],
+                    "markov_rank": dconfig["dspark_markov_rank"],
+                    "block_size": dconfig["dspark_block_size"] + 1,
+                }
+            )
+            self.dspark = vlm.dspark_drafter.Model(dconf)
+            stages = self.dspark.sanitize(release_layout(dmodel))
+            self.dspark.load_weights(list(stages.items()), strict=True)
+        mx.eval(self.mtp.parameters(), self.dspark and self.dspark.parameters())
+        self.stream = vlm.common.generation_stream
+
+    def _prefill(self, prompt, **capture):
+        """Its ``generate_step``'s prefill: the prompt but the last token in
+        one chunk (its default step is 2,048), the cache evaluated, then the
+        last token, each with the drafter's capture arguments (DSpark: the
+        taps of both, concatenated)."""
+        cache = self.model.make_cache()
+        chunk = capture.get("capture_layer_ids") and capture
+        with mx.stream(self.stream):
+            out = self.model(prompt[None, :-1], cache=cache, **(chunk or {}))
+            mx.eval([c.state for c in cache], out.hidden_states or [])
+            last = self.model(prompt[None, -1:], cache=cache, **capture)
+            y = mx.argmax(last.logits[:, -1], axis=-1)
+        mx.eval(y)
+        if chunk:
+            last.hidden_states = [
+                mx.concatenate(parts, axis=1)
+                for parts in zip(out.hidden_states, last.hidden_states)
+            ]
+        return cache, last, y.item()
+
+    def round_time(self, kind, prompt, drafts, tokens):
+        """The seconds of one round of its loop (the first token, sampled
+        after the prefill, not counted) and the tokens a round."""
+        greedy = lambda x: mx.argmax(x, axis=-1)  # noqa: E731
+        if kind == "mtp":
+            drafter = self.mtp
+            capture = dict(return_hidden=True, return_shared_kv=True)
+            cache, last, first = self._prefill(prompt, **capture)
+            # As its run_speculative_rounds does for one row.
+            self.vlm.mtp._buffer_mtp_target_cache(cache, drafter, drafts + 1)
+            steps = self.vlm.mtp._mtp_rounds(
+                self.model,
+                drafter,
+                cache,
+                last.hidden_states[-1],
+                last.shared_kv_states,
+                prompt_tokens=prompt[None, -1:],
+                first_bonus=first,
+                max_tokens=tokens,
+                sampler=greedy,
+                draft_block_size=drafts + 1,
+                token_dtype=mx.int32,
+                greedy_sampling=True,
+            )
+        else:
+            drafter = self.dspark
+            ids = list(drafter.config.target_layer_ids)
+            cache, last, first = self._prefill(prompt, capture_layer_ids=ids)
+            steps = self.vlm.dflash._dflash_rounds(
+                self.model,
+                drafter,
+                cache,
+                mx.concatenate(last.hidden_states, axis=-1),
+                first_bonus=first,
+                max_tokens=tokens,
+                sampler=greedy,
+                draft_block_size=drafts + 1,
+                token_dtype=mx.int32,
+                greedy_sampling=True,
+            )
+        tic, n = time.perf_counter(), 0
+        for _ in steps:
+            n += 1
+        elapsed = time.perf_counter() - tic
+        rounds = len(drafter.accept_lens)
+        drafted = getattr(drafter, "draft_lens", None)
+        if drafted and (drafted[0] != drafts or max(drafted) != drafts):
+            # Its loop shortens the last rounds to the tokens left, as ours.
+            print(f"warning: mlx-vlm's {kind} rounds drafted {drafted}")
+        return elapsed / max(rounds, 1), n / max(rounds, 1)
+
+
+def driver_step(model, peer, prompt, tokens):
+    """A pipelined greedy step of ``model`` through dsv4_speed's ``Driver``
+    (``generate_step``'s loop; mlx-vlm's plain decoding is the same loop)."""
+    driver = Driver("", model, forward_fn(model, peer), 2048)
+    cache, y = driver.prefill(prompt)
+    tic = time.perf_counter()
+    driver.decode(y, cache, tokens)
+    return (time.perf_counter() - tic) / (tokens + 1)
+
+
+def rounds(args, config, model, dmodel=None, peer=None):
     from mlx_lm.generate import generate_step, speculative_generate_step
 
     mx.random.seed(args.seed + 1)
     prompt = mx.random.randint(0, config["vocab_size"], (args.context,))
     prompt = prompt.astype(mx.int32)
-    plain, spec, sync = [], [], []
 
     def one_at_a_time(n):
         # Plain steps with no pipelining: each token evaluated before the
@@ -218,46 +481,128 @@ def rounds(args, config, model):
         for _ in range(n):
             y = model(y, cache)[:, -1:].argmax(-1)
             mx.eval(y)
-        return (time.perf_counter() - tic) / n
+        return (time.perf_counter() - tic) / n, 1.0
 
+    def spec(target, k):
+        def time_round(tokens):
+            steps = speculative_generate_step(
+                prompt, target, mtp=True, num_draft_tokens=k, max_tokens=tokens
+            )
+            items = list_timed(steps)
+            return items
+
+        return time_round
+
+    def list_timed(steps):
+        # run()'s clock; the tokens a round from the drafter flags.
+        out, tic, rounds_ = [], None, 0
+        for n, item in enumerate(steps):
+            if n == 0:
+                tic = time.perf_counter()
+            else:
+                rounds_ += not item[2]
+            out.append(item)
+        elapsed = time.perf_counter() - tic
+        return elapsed / max(rounds_, 1), (len(out) - 1) / max(rounds_, 1)
+
+    def plain(target):
+        def time_round(tokens):
+            _, _, t = run(generate_step(prompt, target, max_tokens=tokens))
+            return t, 1.0
+
+        return time_round
+
+    variants = {"plain step (generate_step)": plain(model)}
+    variants["plain step, one at a time"] = lambda n: one_at_a_time(n // 2)
+    for k in ints(args.mtp_k):
+        variants[f"MTP round, k={k}"] = spec(model, k)
+    if dmodel is not None:
+        for b in ints(args.dspark_blocks):
+            variants[f"DSpark round, block {b}"] = spec(dmodel, b)
+    if peer is not None:
+        variants["ours: plain step, Driver loop"] = lambda n: (
+            driver_step(model, False, prompt, n),
+            1.0,
+        )
+        variants["mlx-vlm: plain step, Driver loop"] = lambda n: (
+            driver_step(peer.model, True, prompt, n),
+            1.0,
+        )
+        for k in ints(args.mtp_k):
+            variants[f"mlx-vlm: MTP round, k={k}"] = lambda n, k=k: peer.round_time(
+                "mtp", prompt, k, n
+            )
+        if peer.dspark is not None:
+            for b in ints(args.dspark_blocks):
+                variants[f"mlx-vlm: DSpark round, block {b}"] = (
+                    lambda n, b=b: peer.round_time("dspark", prompt, b, n)
+                )
+    times = {name: [] for name in variants}
+    per = {name: [] for name in variants}
     # The first of each warms up (compiled steps of every forward's length).
     for r in range(args.repeat + 1):
-        tokens = args.tokens if r else 16
-        _, _, step = run(generate_step(prompt, model, max_tokens=tokens))
-        plain.append(step)
-        steps = speculative_generate_step(
-            prompt, model, mtp=True, num_draft_tokens=args.mtp_k, max_tokens=tokens
-        )
-        spec.append(run(steps)[2])
-        sync.append(one_at_a_time(tokens // 2))
-    step, round_ = statistics.median(plain[1:]), statistics.median(spec[1:])
-    one = statistics.median(sync[1:])
+        for name, fn in variants.items():
+            t, tokens_a_round = fn(args.tokens if r else 16)
+            if r:
+                times[name].append(t)
+                per[name].append(tokens_a_round)
+    step = statistics.median(times["plain step (generate_step)"])
+    one = statistics.median(times["plain step, one at a time"])
+    bars = {"MTP round, k=2": 1.3, "DSpark round, block 5": 1.4}
     print(
-        f"rounds after {args.context} tokens, medians of {args.repeat}: plain "
-        f"step {step * 1e3:.1f} ms; MTP round at k={args.mtp_k} "
-        f"{round_ * 1e3:.1f} ms = {round_ / step:.2f} plain steps; a step one "
-        f"at a time {one * 1e3:.1f} ms ({round_ / one:.2f} of those)"
+        f"rounds after {args.context} tokens, {args.tokens} tokens a run, "
+        f"medians of {args.repeat} alternated runs (random drafters: nothing "
+        "accepted, a round is its cost); 'x step': of the plain step "
+        "(generate_step), 'x one': of a step one at a time; ratios of "
+        "medians, and the range of the run-by-run ratios:"
     )
+    print(
+        f"{'':34} {'ms':>8} {'x step':>7} {'(range)':>13} {'x one':>6} "
+        f"{'tok/round':>9} {'bar':>5}"
+    )
+    plain_runs = times["plain step (generate_step)"]
+    for name in variants:
+        t = statistics.median(times[name])
+        ratios = [a / b for a, b in zip(times[name], plain_runs)]
+        span = f"{min(ratios):.2f}-{max(ratios):.2f}"
+        bar = f"{bars[name]:.1f}" if name in bars else ""
+        print(
+            f"{name:34} {t * 1e3:>8.1f} {t / step:>7.2f} {span:>13} "
+            f"{t / one:>6.2f} {statistics.mean(per[name]):>9.2f} {bar:>5}"
+        )
+    if peer is not None:
+        pairs = [("plain step, Driver loop", "plain step, Driver loop")]
+        pairs += [(f"MTP round, k={k}", f"MTP round, k={k}") for k in ints(args.mtp_k)]
+        if peer.dspark is not None:
+            pairs += [
+                (f"DSpark round, block {b}", f"DSpark round, block {b}")
+                for b in ints(args.dspark_blocks)
+            ]
+        print("ours / mlx-vlm's, the same alternated runs (median of run ratios):")
+        for name, _ in pairs:
+            mine = times.get(name, times.get(f"ours: {name}"))
+            theirs = times[f"mlx-vlm: {name}"]
+            ratio = statistics.median(a / b for a, b in zip(mine, theirs))
+            print(f"ours/mlx-vlm {name:32} {ratio:.2f}")
 
 
-def oracle(args, config, model):
+def oracle(args, config, model, dmodel=None):
     from mlx_lm.generate import generate_step, speculative_generate_step
 
     from mlx_lm.models.cache import trim_prompt_cache
+    from mlx_lm.models.deepseek_v4_dspark import DSparkDrafter
     from mlx_lm.models.mtp_drafter import MTPDrafter
 
     mx.random.seed(args.seed + 2)
     vocab = config["vocab_size"]
     prompt = mx.random.randint(0, vocab, (args.context,)).astype(mx.int32)
-    _, greedy, _ = run(generate_step(prompt, model, max_tokens=args.tokens))
-    mtp_rates = (0.70, 0.29)
+    greedy = {}
+    for target in [model] + ([dmodel] if dmodel is not None else []):
+        _, greedy[id(target)], _ = run(
+            generate_step(prompt, target, max_tokens=args.tokens)
+        )
     _, a = geometric(5, args.block_mean, random.Random(0))
-    names = [
-        "plain",
-        "MTP k=2, 70%/29%",
-        f"block 5, mean {args.block_mean:g}",
-        "  + 3 stand-in stages",
-    ]
+    sets = set(args.oracle_sets.split(","))
     scratch = model.make_mtp_cache()
     width = (1, 5, model.args.hc_mult, model.args.hidden_size)
     hidden = mx.zeros(width, getattr(mx, args.dtype))
@@ -273,27 +618,71 @@ def oracle(args, config, model):
             out.append(logits.argmax(-1))
         return out
 
-    drafters = {
-        names[0]: None,
-        names[1]: (2, lambda rng: per_position(mtp_rates, rng), True),
-        names[2]: (
-            5,
-            lambda rng: geometric(5, args.block_mean, rng)[0],
-            False,
-        ),
-        names[3]: (5, lambda rng: geometric(5, args.block_mean, rng)[0], stages),
-    }
+    def rates_of(rates):
+        return lambda rng: per_position(rates, rng)
+
+    def blocks(mean):
+        return lambda rng: geometric(5, mean, rng)[0]
+
+    # name: (target, drafts, acceptance, drafter compute, tokens a round)
+    drafters = {"plain": None}
+    if "published" in sets:
+        for k in (1, 2, 3):
+            rates = MTP_RATES[:k]
+            label = "/".join(f"{r * 100:.0f}" for r in rates)
+            drafters[f"MTP k={k}, {label}%"] = (
+                model,
+                k,
+                rates_of(rates),
+                "mtp",
+                1 + sum(rates),
+            )
+        if dmodel is not None:
+            drafters[f"DSpark block 5, mean {args.block_mean:g}"] = (
+                dmodel,
+                5,
+                blocks(args.block_mean),
+                "dspark",
+                args.block_mean,
+            )
+    if "standin" in sets:
+        m = args.block_mean
+        drafters[f"block 5, mean {m:g}, no drafter"] = (model, 5, blocks(m), None, m)
+        drafters["  + 3 stand-in stages"] = (model, 5, blocks(m), stages, m)
+    if "trained" in sets:
+        if dmodel is not None:
+            for b in (2, 3, 4, 5):
+                rates = trained_rates("DSpark", b)
+                drafters[f"DSpark block {b}, trained"] = (
+                    dmodel,
+                    b,
+                    rates_of(rates),
+                    "dspark",
+                    1 + sum(rates),
+                )
+        for k in (2, 3, 4, 5):
+            rates = trained_rates("MTP", k)
+            drafters[f"MTP k={k}, trained"] = (
+                model,
+                k,
+                rates_of(rates),
+                "mtp",
+                1 + sum(rates),
+            )
 
     def once(name, seed, tokens):
         spec = drafters[name]
         if spec is None:
             return run(generate_step(prompt, model, max_tokens=tokens))
-        k, make, extra = spec
-        inner = MTPDrafter(model) if extra is True else None
+        target, k, make, extra, _ = spec
+        inner = {"mtp": MTPDrafter, "dspark": DSparkDrafter}.get(extra)
+        inner = inner(target) if inner else None
         work = extra if callable(extra) else None
-        drafter = OracleDrafter(greedy, make(random.Random(seed)), vocab, inner, work)
+        drafter = OracleDrafter(
+            greedy[id(target)], make(random.Random(seed)), vocab, inner, work
+        )
         steps = speculative_generate_step(
-            prompt, model, drafter=drafter, num_draft_tokens=k, max_tokens=tokens
+            prompt, target, drafter=drafter, num_draft_tokens=k, max_tokens=tokens
         )
         return run(steps)
 
@@ -310,29 +699,33 @@ def oracle(args, config, model):
             rates[name].append(rate)
             per_round[name].append(rate * t)
             round_time[name].append(t)
-            mismatch[name] += sum(a != b for a, b in zip(tokens, greedy))
+            spec = drafters[name]
+            expected = greedy[id(spec[0] if spec else model)]
+            mismatch[name] += sum(a != b for a, b in zip(tokens, expected))
+            mismatch[name] += abs(len(tokens) - len(expected))
     base = statistics.median(rates["plain"])
-    means = dict(zip(names, (1.0, 1 + sum(mtp_rates), *[args.block_mean] * 2)))
     print(
         f"oracle drafters after {args.context} tokens, {args.tokens} tokens a "
-        f"run, medians of {args.repeat} alternated runs (block 5: each draft "
-        f"kept with p={a:.3f} after the one before). 'at the mean': the "
-        "published tokens a round over the measured round time:"
+        f"run, medians of {args.repeat} alternated runs (block 5 at mean "
+        f"{args.block_mean:g}: each draft kept with p={a:.3f} after the one "
+        "before). 'at the mean': the expected tokens a round over the "
+        "measured round time (in plain steps):"
     )
     print(
-        f"{'':24} {'tok/s':>8} {'x plain':>8} {'tokens/round':>13} "
-        f"{'round/step':>11} {'at the mean':>12} {'!= plain':>9}"
+        f"{'':28} {'tok/s':>8} {'x plain':>8} {'tokens/round':>13} "
+        f"{'expected':>9} {'round/step':>11} {'at the mean':>12} {'!= plain':>9}"
     )
     for name in drafters:
         rate = statistics.median(rates[name])
         per = statistics.mean(per_round[name])
+        mean = drafters[name][4] if drafters[name] else 1.0
         # The round's time in plain steps.
         cost = statistics.median(round_time[name]) / statistics.median(
             round_time["plain"]
         )
         print(
-            f"{name:24} {rate:>8.2f} {rate / base:>8.2f} {per:>13.2f} "
-            f"{cost:>11.2f} {means[name] / cost:>12.2f} {mismatch[name]:>9}"
+            f"{name:28} {rate:>8.2f} {rate / base:>8.2f} {per:>13.2f} "
+            f"{mean:>9.2f} {cost:>11.2f} {mean / cost:>12.2f} {mismatch[name]:>9}"
         )
 
 
@@ -396,28 +789,54 @@ def main():
     parser.add_argument("--verify-rounds", type=int, default=30)
     parser.add_argument("--no-verify", action="store_true")
     parser.add_argument("--rounds", action="store_true", help="MTP round cost")
-    parser.add_argument("--mtp-k", type=int, default=2)
+    parser.add_argument("--mtp-k", default="2", help="MTP drafts, e.g. 1,2,3")
+    parser.add_argument(
+        "--mtp-ratio", type=int, help="the MTP layer's compress ratio (4; --peer: 0)"
+    )
+    parser.add_argument(
+        "--dspark", action="store_true", help="also the DSpark drafter's rounds"
+    )
+    parser.add_argument("--dspark-blocks", default="2,3,4,5")
+    parser.add_argument("--markov-rank", type=int, default=256)
+    parser.add_argument(
+        "--peer", action="store_true", help="also mlx-vlm's rounds (with --rounds)"
+    )
     parser.add_argument("--oracle", action="store_true", help="oracle drafters")
+    parser.add_argument("--oracle-sets", default="published,standin,trained")
     parser.add_argument("--block-mean", type=float, default=3.0)
     parser.add_argument("--tokens", type=int, default=64, help="tokens a run")
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--exactness", action="store_true")
     parser.add_argument("--exactness-rounds", type=int, default=16)
     args = parser.parse_args()
+    if args.mtp_ratio is None:
+        args.mtp_ratio = 0 if args.peer else 4
 
     config, model = build(args)
+    layers = config["num_hidden_layers"]
     print(
-        f"DeepSeek-V4: {config['num_hidden_layers']} layers, hidden "
+        f"DeepSeek-V4: {layers} layers, hidden "
         f"{config['hidden_size']}, {config['n_routed_experts']} experts "
         f"top-{config['num_experts_per_tok']}, {args.dtype}, device "
-        f"{mx.default_device()}"
+        f"{mx.default_device()}; MTP layer compress ratio {args.mtp_ratio}"
     )
+    dconfig = dmodel = peer = None
+    if args.dspark:
+        dconfig, dmodel = build_dspark(args, config, model)
+        print(
+            f"DSpark: 3 window-only stages, taps after layers "
+            f"{dconfig['dspark_target_layer_ids']}, block 5, Markov rank "
+            f"{args.markov_rank}; the same target arrays"
+        )
+    if args.peer:
+        peer = Peer(config, model, dconfig, dmodel)
+        print(f"peer: mlx-vlm {import_peer()[2]}, the same arrays")
     if not args.no_verify:
         verify(args, config, model)
     if args.rounds:
-        rounds(args, config, model)
+        rounds(args, config, model, dmodel, peer)
     if args.oracle:
-        oracle(args, config, model)
+        oracle(args, config, model, dmodel)
     if args.exactness:
         del model
         exactness(args)
