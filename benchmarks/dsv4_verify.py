@@ -23,6 +23,9 @@ After a ``--context``-token prompt it prints:
   cache, prefilled as its ``generate_step`` prefills) and its plain step
   (the pipelined greedy loop of its ``generate_step``, on its model), all
   alternated in one process;
+- batch (``--batch B``): a ``BatchGenerator``'s round with the MTP block
+  at the first ``--mtp-k`` drafts a row over B rows against a plain batched
+  step;
 - oracle (``--oracle``): greedy tok/s of the loop with drafters that propose
   the target's own greedy tokens (a plain run's) with a wrong one where the
   published acceptance says: MTP at k=2 accepted 70% then 29% per position
@@ -49,6 +52,8 @@ After a ``--context``-token prompt it prints:
         --rounds --dspark --oracle --tokens 32 --repeat 5
     python benchmarks/dsv4_verify.py --layers 43 --tiny --dtype float32 \\
         --no-verify --rounds --dspark --peer --tokens 32 --repeat 5
+    python benchmarks/dsv4_verify.py --layers 43 --tiny --dtype float32 \\
+        --no-verify --batch 4
     python benchmarks/dsv4_verify.py --layers 43 --experts 8    # on a GPU
 
 ``--peer`` needs mlx-vlm 0.7.10's unpacked ``mlx_vlm`` on the path
@@ -224,10 +229,15 @@ class OracleDrafter(Drafter):
             self.inner._drafts = drafts
         return drafts, None
 
-    def accept(self, cache, accepted, hidden):
-        self.pos += accepted[0] + 1
+    def accept(self, cache, accepted, hidden, tokens):
+        self.num_draft = tokens.shape[1] - 1
         if self.inner:
-            self.inner.accept(cache, accepted, hidden)
+            self.inner.accept(cache, accepted, hidden, tokens)
+
+    def trim(self, cache, counts):
+        self.pos += self.num_draft - counts[0] + 1
+        if self.inner:
+            self.inner.trim(cache, counts)
 
     def finish(self, cache):
         if self.inner:
@@ -586,6 +596,52 @@ def rounds(args, config, model, dmodel=None, peer=None):
             print(f"ours/mlx-vlm {name:32} {ratio:.2f}")
 
 
+def batch_rounds(args, config, model):
+    """--batch B: a BatchGenerator's round with the MTP block at --mtp-k
+    drafts a row, B rows after --context-token prompts (random weights:
+    about one token a row a round), against a plain BatchGenerator's step,
+    alternated --repeat times, --tokens rounds (steps) each."""
+    from mlx_lm.generate import BatchGenerator
+
+    mx.random.seed(args.seed + 4)
+    vocab, B = config["vocab_size"], args.batch
+    k = int(args.mtp_k.split(",")[0])
+    prompts = [mx.random.randint(0, vocab, (args.context,)).tolist() for _ in range(B)]
+
+    def per_round(mtp, rounds):
+        kwargs = {"mtp": True, "num_draft_tokens": k} if mtp else {}
+        generator = BatchGenerator(model, stop_tokens=set(), **kwargs)
+        max_tokens = (rounds + 2) * (k + 1)
+        generator.insert(prompts, max_tokens=[max_tokens] * B)
+        while len(generator._generation_batch) < B:
+            generator.next()
+        batch = generator._generation_batch
+        batch.next()
+        tic, tokens = time.perf_counter(), 0
+        for _ in range(rounds):
+            tokens += len(batch.next())
+        elapsed = time.perf_counter() - tic
+        generator.close()
+        return elapsed / rounds, tokens / rounds / B
+
+    times = {False: [], True: []}
+    per_row = []
+    # The first of each warms up (compiled steps of every forward's length).
+    for r in range(args.repeat + 1):
+        for mtp in (False, True):
+            t, n = per_round(mtp, args.tokens if r else 4)
+            if r:
+                times[mtp].append(t)
+                per_row += [n] if mtp else []
+    step, round_ = (statistics.median(times[m]) for m in (False, True))
+    print(
+        f"batch of {B} after {args.context} tokens, medians of {args.repeat}: "
+        f"plain batched step {step * 1e3:.1f} ms; MTP round at k={k} "
+        f"{round_ * 1e3:.1f} ms = {round_ / step:.2f} plain steps "
+        f"({statistics.mean(per_row):.2f} tokens a row a round)"
+    )
+
+
 def oracle(args, config, model, dmodel=None):
     from mlx_lm.generate import generate_step, speculative_generate_step
 
@@ -801,6 +857,9 @@ def main():
     parser.add_argument(
         "--peer", action="store_true", help="also mlx-vlm's rounds (with --rounds)"
     )
+    parser.add_argument(
+        "--batch", type=int, help="a BatchGenerator's MTP round at B rows"
+    )
     parser.add_argument("--oracle", action="store_true", help="oracle drafters")
     parser.add_argument("--oracle-sets", default="published,standin,trained")
     parser.add_argument("--block-mean", type=float, default=3.0)
@@ -835,6 +894,8 @@ def main():
         verify(args, config, model)
     if args.rounds:
         rounds(args, config, model, dmodel, peer)
+    if args.batch:
+        batch_rounds(args, config, model)
     if args.oracle:
         oracle(args, config, model, dmodel)
     if args.exactness:

@@ -9,6 +9,7 @@ import sys
 import tempfile
 import unittest
 from pathlib import Path
+from unittest import mock
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
@@ -316,17 +317,81 @@ class Recording(DSparkDrafter):
             return mx.array(right, mx.uint32), logprobs
 
         drafts, logprobs = super().draft(cache, inputs, num_draft, oracle)
+        self.num_draft = drafts.shape[1]
         if steps:
             self.rounds.append((offsets, anchors, rows, steps))
         return drafts, logprobs
 
-    def accept(self, cache, accepted, hidden):
-        self.accepted.append(list(accepted))
-        super().accept(cache, accepted, hidden)
+    def trim(self, cache, counts):
+        self.accepted.append([self.num_draft - c for c in counts])
+        super().trim(cache, counts)
 
 
 def plain(model, prompt, max_tokens):
     return [t for t, _ in generate_step(prompt, model, max_tokens=max_tokens)]
+
+
+class HostSyncs:
+    """Counts the calls that wait on the device (``mx.eval``, an array's
+    ``tolist``, ``item`` or conversion to a Python number) made while
+    ``active``."""
+
+    NAMES = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__")
+
+    def __init__(self):
+        self.count, self.active = 0, False
+
+    def _counted(self, fn):
+        def call(*args, **kwargs):
+            self.count += self.active
+            return fn(*args, **kwargs)
+
+        return call
+
+    def __enter__(self):
+        self._patches = [mock.patch.object(mx, "eval", self._counted(mx.eval))]
+        for name in self.NAMES:
+            counted = self._counted(getattr(mx.array, name))
+            self._patches.append(mock.patch.object(mx.array, name, counted))
+        for p in self._patches:
+            p.start()
+        return self
+
+    def __exit__(self, *exc):
+        for p in reversed(self._patches):
+            p.stop()
+
+    def rounds(self, steps):
+        """The syncs of each round of ``speculative_generate_step``'s
+        ``steps`` (a round ends with the target's own token) but the first
+        (with the prompt's) and the end's."""
+        counts, steps = [], iter(steps)
+        while True:
+            self.active = True
+            try:
+                item = next(steps)
+            except StopIteration:
+                return counts[1:]
+            finally:
+                self.active = False
+            if not item[2]:
+                counts.append(self.count)
+                self.count = 0
+
+    def batch_rounds(self, generator, rows, n):
+        """The syncs of each of ``n`` rounds of ``generator``'s batch once
+        its ``rows`` are all in it (no row finishing)."""
+        while len(generator._generation_batch) < rows:
+            generator.next()
+        counts = []
+        for _ in range(n):
+            self.active = True
+            responses = generator._generation_batch.next()
+            self.active = False
+            assert all(r.finish_reason is None for r in responses)
+            counts.append(self.count)
+            self.count = 0
+        return counts
 
 
 class TestDSparkSpeculative(unittest.TestCase):
@@ -412,6 +477,26 @@ class TestDSparkSpeculative(unittest.TestCase):
         self.assertTrue(any(len(set(a)) > 1 for a in drafter.accepted))
         self.assertGreater(sum(map(sum, drafter.accepted)), 20)
         self.assertGreater(self.assert_reference(drafter), 20)
+
+    def test_a_round_syncs_the_host_once(self):
+        # The round's tokens and accepted counts in one fetch, one row or a
+        # batch; the context's extension starts before it.
+        with HostSyncs() as syncs:
+            steps = speculative_generate_step(
+                PROMPT, self.model, mtp=True, num_draft_tokens=4, max_tokens=30
+            )
+            counts = syncs.rounds(steps)
+        self.assertGreater(len(counts), 5)
+        self.assertEqual(counts, [1] * len(counts))
+        generator = BatchGenerator(
+            self.model, mtp=True, num_draft_tokens=4, stop_tokens=set()
+        )
+        prompts = [PROMPT.tolist()[:n] for n in (30, 7, 1)]
+        generator.insert(prompts, max_tokens=[100] * 3)
+        with HostSyncs() as syncs:
+            counts = syncs.batch_rounds(generator, 3, 6)
+        generator.close()
+        self.assertEqual(counts, [1] * 6)
 
     def test_a_prompt_cache_continues_in_step(self):
         # Saved and loaded between two requests, trimmed, then continued:

@@ -159,17 +159,25 @@ class Oracle:
 def block_checker(model, tokens, checked):
     """A check for ``Oracle``: where the block reads the target's streams,
     its logits are those of one forward over the whole sequence, whatever
-    was accepted and trimmed before."""
+    was accepted and trimmed before (over the positions up to the first
+    whose streams are not the target's)."""
     _, hidden = model(tokens[None, :-1], return_hidden=True)
     reference = model.mtp_draft(hidden, tokens[None, 1:], model.make_mtp_cache())
     reference = reference[0][0]
     mx.eval(hidden, reference)
 
     def check(h, inputs, start, logits):
+        # The positions up to the first whose streams are not the target's
+        # (a round's read goes on over the drafts a row did not keep).
         target = hidden[:, start : start + inputs.shape[1]]
-        if target.shape == h.shape and mx.allclose(h, target, atol=1e-3).item():
-            ref = reference[start : start + inputs.shape[1]]
-            checked.append(mx.allclose(logits[0], ref, atol=1e-4).item())
+        n = 0
+        while n < min(h.shape[1], target.shape[1]) and h.shape[0] == 1:
+            if not mx.allclose(h[:, n], target[:, n], atol=1e-3).item():
+                break
+            n += 1
+        if n > 0:
+            ref = reference[start : start + n]
+            checked.append(mx.allclose(logits[0, :n], ref, atol=1e-4).item())
 
     return check
 
@@ -177,6 +185,69 @@ def block_checker(model, tokens, checked):
 def plain(model, prompt, max_tokens):
     steps = generate_step(prompt, model, max_tokens=max_tokens)
     return [(int(t), lp) for t, lp in steps]
+
+
+class HostSyncs:
+    """Counts the calls that wait on the device (``mx.eval``, an array's
+    ``tolist``, ``item`` or conversion to a Python number) made while
+    ``active``."""
+
+    NAMES = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__")
+
+    def __init__(self):
+        self.count, self.active = 0, False
+
+    def _counted(self, fn):
+        def call(*args, **kwargs):
+            self.count += self.active
+            return fn(*args, **kwargs)
+
+        return call
+
+    def __enter__(self):
+        self._patches = [mock.patch.object(mx, "eval", self._counted(mx.eval))]
+        for name in self.NAMES:
+            counted = self._counted(getattr(mx.array, name))
+            self._patches.append(mock.patch.object(mx.array, name, counted))
+        for p in self._patches:
+            p.start()
+        return self
+
+    def __exit__(self, *exc):
+        for p in reversed(self._patches):
+            p.stop()
+
+    def rounds(self, steps):
+        """The syncs of each round of ``speculative_generate_step``'s
+        ``steps`` (a round ends with the target's own token) but the first
+        (with the prompt's) and the end's."""
+        counts, steps = [], iter(steps)
+        while True:
+            self.active = True
+            try:
+                item = next(steps)
+            except StopIteration:
+                return counts[1:]
+            finally:
+                self.active = False
+            if not item[2]:
+                counts.append(self.count)
+                self.count = 0
+
+    def batch_rounds(self, generator, rows, n):
+        """The syncs of each of ``n`` rounds of ``generator``'s batch once
+        its ``rows`` are all in it (no row finishing)."""
+        while len(generator._generation_batch) < rows:
+            generator.next()
+        counts = []
+        for _ in range(n):
+            self.active = True
+            responses = generator._generation_batch.next()
+            self.active = False
+            assert all(r.finish_reason is None for r in responses)
+            counts.append(self.count)
+            self.count = 0
+        return counts
 
 
 class TestMTPLoading(unittest.TestCase):
@@ -329,6 +400,33 @@ class TestMTPDecoding(unittest.TestCase):
         self.assertGreater(len(checked), 5)
         self.assertTrue(all(checked))
 
+    def test_a_round_syncs_the_host_once(self):
+        # The round's tokens and accepted count come back in one fetch; the
+        # block's read of the round and the next input start before it.
+        model = self.model
+        for k in (1, 3):
+            reads = []
+
+            def mtp_draft(h, inputs, cache):
+                # A round's read: its input and its drafts (up to k).
+                if 1 < inputs.shape[1] <= k + 1:
+                    reads.append(syncs.count)
+                return model.mtp_draft(h, inputs, cache)
+
+            oracle = Oracle(model, [])
+            oracle.mtp_draft = mtp_draft
+            with self.subTest(num_draft_tokens=k), HostSyncs() as syncs:
+                steps = speculative_generate_step(
+                    PROMPT, oracle, mtp=True, num_draft_tokens=k, max_tokens=30
+                )
+                counts = syncs.rounds(steps)
+                self.assertGreater(len(counts), 5)
+                self.assertEqual(counts, [1] * len(counts))
+                # Each round's read is on its way before the round's sync
+                # (the first round's count has the prompt's).
+                self.assertGreaterEqual(len(reads), len(counts))
+                self.assertEqual(reads[1:], [0] * (len(reads) - 1))
+
     def test_options_that_cannot_apply_say_so(self):
         no_block = make_model({**CONFIG, "mtp": False})
         with self.assertRaisesRegex(ValueError, "no MTP block"):
@@ -404,6 +502,19 @@ class TestMTPBatch(unittest.TestCase):
                 reasons = [r.finish_reason for r in responses]
                 self.assertEqual(reasons, [None] * (len(reasons) - 1) + ["length"])
         return results, rounds
+
+    def test_a_round_syncs_the_host_once(self):
+        # Every row's tokens and accepted count in one fetch, no per-row
+        # fetch (the rows of a one-token prompt and of longer ones).
+        generator = BatchGenerator(
+            self.model, mtp=True, num_draft_tokens=2, stop_tokens=set()
+        )
+        prompts = [self.prompts[k] for k in "abd"]
+        generator.insert(prompts, max_tokens=[100] * 3)
+        with HostSyncs() as syncs:
+            counts = syncs.batch_rounds(generator, 3, 6)
+        generator.close()
+        self.assertEqual(counts, [1] * 6)
 
     def test_greedy_rows_equal_plain_decoding(self):
         max_tokens = {"a": 40, "b": 31, "c": 40, "d": 25}

@@ -1,6 +1,7 @@
 # Copyright © 2026 Apple Inc.
 
 import unittest
+from unittest import mock
 
 import mlx.core as mx
 from mlx_lm.generate import generate_step, speculative_generate_step
@@ -27,6 +28,54 @@ def tiny_llama(seed, layers=2):
     return model
 
 
+class HostSyncs:
+    """Counts the calls that wait on the device (``mx.eval``, an array's
+    ``tolist``, ``item`` or conversion to a Python number) made while
+    ``active``."""
+
+    NAMES = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__")
+
+    def __init__(self):
+        self.count, self.active = 0, False
+
+    def _counted(self, fn):
+        def call(*args, **kwargs):
+            self.count += self.active
+            return fn(*args, **kwargs)
+
+        return call
+
+    def __enter__(self):
+        self._patches = [mock.patch.object(mx, "eval", self._counted(mx.eval))]
+        for name in self.NAMES:
+            counted = self._counted(getattr(mx.array, name))
+            self._patches.append(mock.patch.object(mx.array, name, counted))
+        for p in self._patches:
+            p.start()
+        return self
+
+    def __exit__(self, *exc):
+        for p in reversed(self._patches):
+            p.stop()
+
+    def rounds(self, steps):
+        """The syncs of each round of ``speculative_generate_step``'s
+        ``steps`` (a round ends with the target's own token) but the first
+        (with the prompt's) and the end's."""
+        counts, steps = [], iter(steps)
+        while True:
+            self.active = True
+            try:
+                item = next(steps)
+            except StopIteration:
+                return counts[1:]
+            finally:
+                self.active = False
+            if not item[2]:
+                counts.append(self.count)
+                self.count = 0
+
+
 class LookupDrafter(Drafter):
     """Drafts the known continuation of ``tokens``, wrongly at every third
     position; keeps no cache of its own, and logs what the loop tells it."""
@@ -48,9 +97,14 @@ class LookupDrafter(Drafter):
         self.num_draft = len(drafts)
         return mx.array([drafts], mx.uint32), None
 
-    def accept(self, cache, accepted, hidden):
-        self.seen += accepted[0] + 1
-        self.log.append(("accept", accepted[0], self.num_draft))
+    def accept(self, cache, accepted, hidden, tokens):
+        # Before the host has the round: every position, then the trim.
+        self.seen += self.num_draft + 1
+        self.log.append(("accept", tokens.shape))
+
+    def trim(self, cache, counts):
+        self.seen -= counts[0]
+        self.log.append(("trim", self.num_draft - counts[0], self.num_draft))
 
     def finish(self, cache):
         self.log.append(("finish",))
@@ -85,7 +139,10 @@ class TestDrafters(unittest.TestCase):
         self.assertLess(drafted, 25)
         # The prompt in chunks, a round's accepted counts, the end.
         self.assertEqual(drafter.log[:2], [("prefill", (1, 4)), ("prefill", (1, 4))])
-        rounds = [e for e in drafter.log if e[0] == "accept"]
+        accepts = [e for e in drafter.log if e[0] == "accept"]
+        rounds = [e for e in drafter.log if e[0] == "trim"]
+        self.assertEqual(len(accepts), len(rounds))
+        self.assertEqual([a[1] for a in accepts], [(1, n + 1) for *_, n in rounds])
         self.assertTrue(any(a < n for _, a, n in rounds))
         self.assertTrue(any(a == n for _, a, n in rounds))
         self.assertEqual(drafter.log[-1], ("finish",))
@@ -111,6 +168,24 @@ class TestDrafters(unittest.TestCase):
         self.assertEqual(flags, ([True] * 3 + [False]) * 7 + [True] * 2)
         with self.assertRaisesRegex(ValueError, "needs a draft model"):
             run()
+
+    def test_a_round_syncs_the_host_once(self):
+        # The round's tokens and accepted count come back in one fetch; the
+        # next input and the drafter's work start before it.
+        tokens = [*self.prompt.tolist(), *self.expected]
+        for drafter in (LookupDrafter(tokens), DraftModelDrafter(self.draft)):
+            with self.subTest(drafter=type(drafter).__name__):
+                with HostSyncs() as syncs:
+                    steps = speculative_generate_step(
+                        self.prompt,
+                        self.model,
+                        drafter=drafter,
+                        num_draft_tokens=3,
+                        max_tokens=30,
+                    )
+                    counts = syncs.rounds(steps)
+                self.assertGreater(len(counts), 5)
+                self.assertEqual(counts, [1] * len(counts))
 
 
 if __name__ == "__main__":

@@ -265,12 +265,15 @@ class DSparkDrafter(Drafter):
     rows of its cache (one ``DSparkCache``, in step with the target's
     caches): up to ``dspark_block_size`` drafts a row from one forward of
     the stages over each row's query block, then the Markov head draft by
-    draft. Each row's context extends with the target's states of the
-    positions it keeps (its input and its own count of accepted drafts).
+    draft. Each row's context extends with the target's states of every
+    position of a round, before the host knows how many drafts it kept; the
+    loop's trim leaves those it keeps (its input and its own count of
+    accepted drafts).
 
     ``confidence``: stop drafting at the first draft (after the first)
     whose confidence head says below it for every row (None: the head is
-    not read)."""
+    not read; where it is, each draft after the first waits on the device
+    for it)."""
 
     return_hidden = True
 
@@ -333,10 +336,11 @@ class DSparkDrafter(Drafter):
         self.confidences.append(confs)
         return mx.stack(ys, axis=1), mx.stack(logprobs, axis=1)
 
-    def accept(self, cache, accepted, hidden):
-        # The target's states of each row's input and its kept drafts.
+    def accept(self, cache, accepted, hidden, tokens):
+        # The target's states of every position of the round; the loop's
+        # trim drops what a row did not keep.
         context = cache[0]
-        self._extend(context, hidden, [m + 1 for m in accepted])
+        self._extend(context, hidden, None)
         mx.async_eval(context.kv)
 
     def finish(self, cache):

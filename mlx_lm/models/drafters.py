@@ -52,9 +52,17 @@ class Drafter:
       row's next input to the target: up to ``num_draft`` drafts a row
       [B, N] and, where they were drawn from them, their log-probabilities
       [B, N, V] (None: the target's own samples decide which drafts stay);
-    - ``accept(cache, accepted, hidden)`` once the target kept each row's
-      input and its first ``accepted[b]`` drafts (``hidden``: its states over
-      the inputs and every draft);
+    - ``accept(cache, accepted, hidden, tokens)`` once the target verified
+      each row's input and its N drafts, before the host has the outcome:
+      ``accepted`` [B] (an array the device has not computed yet) counts the
+      drafts each row keeps, ``hidden`` the target's states over the inputs
+      and every draft, ``tokens`` [B, N + 1] its tokens after each of them
+      (a row's are its accepted drafts, then its next input). It starts the
+      device work of the next round that needs no host decision, and waits
+      on nothing;
+    - ``trim(cache, counts)`` after the round's one host sync, with
+      ``counts[b] = N - accepted[b]`` (ints), as the loop trims the target's
+      caches by them;
     - ``check_cache(model_cache, cache)`` on a prompt cache it is given;
     - ``finish(cache)`` at the end (the single loop) or on a finished row's
       cache (the batch), so that ``cache`` is in step with the target's for
@@ -86,8 +94,19 @@ class Drafter:
     ) -> Tuple[mx.array, Optional[mx.array]]:
         raise NotImplementedError
 
-    def accept(self, cache: List[Any], accepted: List[int], hidden: Optional[mx.array]):
-        raise NotImplementedError
+    def accept(
+        self,
+        cache: List[Any],
+        accepted: mx.array,
+        hidden: Optional[mx.array],
+        tokens: mx.array,
+    ):
+        pass
+
+    def trim(self, cache: List[Any], counts: List[int]):
+        """Drop row b's last ``counts[b]`` positions of what ``accept`` left
+        in ``cache`` (there: every position of the round)."""
+        trim_rows(cache, counts)
 
     def finish(self, cache: List[Any]):
         pass
@@ -139,12 +158,16 @@ class DraftModelDrafter(Drafter):
         self._drafts = mx.concatenate(ys, axis=1)
         return self._drafts, None
 
-    def accept(self, cache, accepted, hidden=None):
+    def accept(self, cache, accepted, hidden=None, tokens=None):
+        # Its cache is rewound by the host's counts (``trim``).
+        pass
+
+    def trim(self, cache, counts):
         # The model has processed the input and every draft but the last.
-        num_draft, num_accept = self._drafts.shape[1], accepted[0]
-        trim_rows(cache, [max(num_draft - num_accept - 1, 0)])
+        num_draft, rejected = self._drafts.shape[1], counts[0]
+        trim_rows(cache, [max(rejected - 1, 0)])
         self._pending = mx.array([], mx.uint32)
-        if num_accept == num_draft > 0:
+        if rejected == 0 and num_draft > 0:
             self._pending = self._drafts[0, -1:]
 
     def finish(self, cache):

@@ -63,11 +63,17 @@ class MTPDrafter(Drafter):
     (``model.mtp_draft``) for the rows of its cache: one ``MTPCache`` (one
     row) or ``BatchMTPCache``, which keeps the target's last streams of
     each row. The block reads position p's streams with the token after it.
-    A row's block lags: it has not read the positions it accepted last
-    round (``pending``: the tokens after them); a round's first block call
-    reads them with the row's last position and next input, the next
-    calls run on the block's own streams and are trimmed after, so the
-    block's cache only holds what the target's streams give."""
+    Once the target verified a round, the block reads every position of it
+    with the target's tokens after them (a row's accepted drafts and its
+    next input), before the host knows how many each row kept: the loop's
+    trim drops the positions a row did not keep, and the block's output at
+    a row's last kept position (``MTPCache.ahead``) gives its first draft
+    of the next round. Where the block has not read a row's last position
+    yet (after the prompt, or a prompt cache's: the block one position
+    behind the target), a round's first block call reads it with the next
+    input. The next calls run on the block's own streams and are trimmed
+    after, so the block's cache only holds what the target's streams
+    give."""
 
     return_hidden = True
 
@@ -98,24 +104,27 @@ class MTPDrafter(Drafter):
             block.finalize()
         return out
 
+    @staticmethod
+    def _behind(mtp_cache):
+        """Forget the block's read of each row's last position (its next
+        input is not the cache's): the block one position behind."""
+        if mtp_cache.ahead is not None:
+            trim_rows([mtp_cache.cache], [1] * len(mtp_cache.valid))
+            mtp_cache.ahead = None
+
     def prefill(self, cache, tokens, hidden, lengths):
         mtp_cache = cache[0]
-        # The positions a row accepted and its block has not read (the
-        # single loop's last token given) go first.
-        P = max(len(p) for p in mtp_cache.pending)
-        if P > 0:
-            if tokens.shape[0] > 1:
-                raise ValueError("A batch's rows are prefilled with no lag.")
-            tokens = mx.concatenate([mx.array(mtp_cache.pending, mx.uint32), tokens], 1)
-            mtp_cache.pending = [[]]
+        # The last position the block read again, with the chunk's first
+        # token (the single loop's last token given).
+        self._behind(mtp_cache)
         # A row with no positions yet starts with the chunk's second token.
         fresh = [int(v == 0) for v in mtp_cache.valid]
         if mtp_cache.empty():
             last = mx.zeros_like(hidden[:, :1])
         else:
-            last = mtp_cache.last([P + 1] * len(lengths))
+            last = mtp_cache.last([1] * len(lengths))
         h = mx.concatenate([last, hidden[:, :-1]], axis=1)
-        counts = [max(n + P - f, 0) for n, f in zip(lengths, fresh)]
+        counts = [max(n - f, 0) for n, f in zip(lengths, fresh)]
         if max(counts) > 0:
             self._read(mtp_cache, h, tokens, fresh, counts)
         mtp_cache.push(hidden, lengths)
@@ -124,32 +133,29 @@ class MTPDrafter(Drafter):
         B, N = inputs.shape[0], num_draft
         mtp_cache = cache[0]
         self._drafts = mx.zeros((B, 0), mx.uint32)
-        # A row without the target's streams yet (a one-token prompt) drafts
-        # from zeros; its block forgets that position.
-        fresh = [int(v == 0) for v in mtp_cache.valid]
-        if all(fresh):
-            return self._drafts, None
-
-        # The positions each row's block has not read, with the token after
-        # each, then the drafts.
-        pending = mtp_cache.pending
-        counts = [len(p) + 1 for p in pending]
-        L = max(counts)
-        hidden = mtp_cache.last(counts)
-        if any(fresh):
-            mask = mx.array(fresh, mx.bool_).reshape(-1, *(1,) * (hidden.ndim - 1))
-            hidden = mx.where(mask, mx.zeros_like(hidden), hidden)
-        rows = [
-            p + [y] + [0] * (L - len(p) - 1) for p, y in zip(pending, inputs.tolist())
-        ]
-        tokens = mx.array(rows, mx.uint32)
-        logits, hidden = self._read(mtp_cache, hidden, tokens, [0] * B, counts)
-        mtp_cache.pending = [[] for _ in range(B)]
-        if N <= 0:
-            trim_rows([mtp_cache.cache], fresh)
-            return self._drafts, None
-        index, last = mx.arange(B), mx.array(counts) - 1
-        logits, hidden = logits[index, last], hidden[index, last][:, None]
+        if mtp_cache.ahead is not None:
+            # The block read every row's last position last round.
+            if N <= 0:
+                return self._drafts, None
+            fresh = [0] * B
+            logits, hidden = mtp_cache.ahead
+        else:
+            # A row without the target's streams yet (a one-token prompt)
+            # drafts from zeros; its block forgets that position.
+            fresh = [int(v == 0) for v in mtp_cache.valid]
+            if all(fresh):
+                return self._drafts, None
+            # Each row's last position, with its next input.
+            hidden = mtp_cache.last([1] * B)
+            if any(fresh):
+                mask = mx.array(fresh, mx.bool_).reshape(-1, *(1,) * (hidden.ndim - 1))
+                hidden = mx.where(mask, mx.zeros_like(hidden), hidden)
+            tokens = inputs.astype(mx.uint32)[:, None]
+            logits, hidden = self.model.mtp_draft(hidden, tokens, [mtp_cache.cache])
+            if N <= 0:
+                trim_rows([mtp_cache.cache], fresh)
+                return self._drafts, None
+            logits, hidden = logits[:, -1], hidden[:, -1:]
 
         drafts, dists, context = [], [], inputs[:, None]
         for i in range(N):
@@ -169,22 +175,22 @@ class MTPDrafter(Drafter):
         self._drafts = mx.stack(drafts, axis=1)
         return self._drafts, mx.stack(dists, axis=1)
 
-    def accept(self, cache, accepted, hidden):
-        # The target's streams of each row's kept positions; the block reads
-        # them next round, with the tokens after them.
+    def accept(self, cache, accepted, hidden, tokens):
+        # The target's streams of every position of the round, and the
+        # block's read of them with the target's tokens after them; the
+        # loop's trim drops what a row did not keep.
         mtp_cache = cache[0]
-        mtp_cache.push(hidden, [m + 1 for m in accepted])
-        drafts = self._drafts.tolist()
-        mtp_cache.pending = [d[:m] for d, m in zip(drafts, accepted)]
-        mx.async_eval(mtp_cache.hidden)
+        B, L = tokens.shape
+        mtp_cache.push(hidden)
+        tokens = tokens.astype(mx.uint32)
+        logits, out = self._read(mtp_cache, hidden, tokens, [0] * B, [L] * B)
+        index = mx.arange(B)
+        mtp_cache.ahead = (logits[index, accepted], out[index, accepted][:, None])
+        mx.async_eval(mtp_cache.hidden, *mtp_cache.ahead)
 
     def finish(self, cache):
         # The block reads what the target kept, but the last position (one
         # row: the single loop's cache or a finished row's).
         mtp_cache = cache[0]
-        if pending := mtp_cache.pending[0]:
-            n = len(pending)
-            hidden = mtp_cache.last([n + 1])[:, :n]
-            self.model.mtp_draft(hidden, mx.array([pending]), [mtp_cache.cache])
-            mtp_cache.pending = [[]]
+        self._behind(mtp_cache)
         mx.eval([c.state for c in cache])
