@@ -1,9 +1,9 @@
 # Copyright © 2026 Apple Inc.
 
 import unittest
-from unittest import mock
 
 import mlx.core as mx
+from host_syncs import HostSyncs
 from mlx_lm.generate import generate_step, speculative_generate_step
 
 from mlx_lm.models import llama
@@ -26,54 +26,6 @@ def tiny_llama(seed, layers=2):
     model = llama.Model(args)
     mx.eval(model.parameters())
     return model
-
-
-class HostSyncs:
-    """Counts the calls that wait on the device (``mx.eval``, an array's
-    ``tolist``, ``item`` or conversion to a Python number) made while
-    ``active``."""
-
-    NAMES = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__")
-
-    def __init__(self):
-        self.count, self.active = 0, False
-
-    def _counted(self, fn):
-        def call(*args, **kwargs):
-            self.count += self.active
-            return fn(*args, **kwargs)
-
-        return call
-
-    def __enter__(self):
-        self._patches = [mock.patch.object(mx, "eval", self._counted(mx.eval))]
-        for name in self.NAMES:
-            counted = self._counted(getattr(mx.array, name))
-            self._patches.append(mock.patch.object(mx.array, name, counted))
-        for p in self._patches:
-            p.start()
-        return self
-
-    def __exit__(self, *exc):
-        for p in reversed(self._patches):
-            p.stop()
-
-    def rounds(self, steps):
-        """The syncs of each round of ``speculative_generate_step``'s
-        ``steps`` (a round ends with the target's own token) but the first
-        (with the prompt's) and the end's."""
-        counts, steps = [], iter(steps)
-        while True:
-            self.active = True
-            try:
-                item = next(steps)
-            except StopIteration:
-                return counts[1:]
-            finally:
-                self.active = False
-            if not item[2]:
-                counts.append(self.count)
-                self.count = 0
 
 
 class LookupDrafter(Drafter):
