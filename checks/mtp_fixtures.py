@@ -1,7 +1,8 @@
 # Copyright © 2026 Apple Inc.
 """Tiny DeepSeek-V4 models, folders and a server for the fork's deeper
 speculative-decoding checks (test_mtp_deep.py, test_trim_deep.py):
-tests/test_deepseek_v4.py's and tests/server_fixture.py's fixtures."""
+tests/test_deepseek_v4.py's, tests/test_deepseek_v4_mtp.py's block check and
+tests/server_fixture.py's fixtures."""
 
 import sys
 from pathlib import Path
@@ -19,3 +20,4 @@ from test_deepseek_v4 import (  # noqa: E402, F401
     max_diff,
     random_weights,
 )
+from test_deepseek_v4_mtp import block_checker  # noqa: E402, F401

@@ -35,6 +35,7 @@ from mtp_fixtures import (
     GRAPH_BOUND,
     TINY_CONFIG,
     ServerThread,
+    block_checker,
     graph_edges,
     make_tiny_model,
     make_tiny_model_folder,
@@ -202,32 +203,6 @@ class Oracle:
         oracle = mx.where(mx.arange(vocab) == guesses, 10.0, -10.0)
         logits = mx.where(guesses >= 0, oracle, logits[0])[None]
         return logits, out
-
-
-def block_checker(model, tokens, checked):
-    """A check for ``Oracle``: where the block reads the target's streams,
-    its logits are those of one forward over the whole sequence, whatever
-    was accepted and trimmed before (over the positions up to the first
-    whose streams are not the target's)."""
-    _, hidden = model(tokens[None, :-1], return_hidden=True)
-    mtp_cache = model.make_mtp_cache()
-    reference = model.mtp_draft(hidden, tokens[None, 1:], mtp_cache)[0][0]
-    mx.eval(hidden, reference)
-
-    def check(h, inputs, start, logits):
-        # The positions up to the first whose streams are not the target's
-        # (a round's read goes on over the drafts a row did not keep).
-        target = hidden[:, start : start + inputs.shape[1]]
-        n = 0
-        while n < min(h.shape[1], target.shape[1]) and h.shape[0] == 1:
-            if not mx.allclose(h[:, n], target[:, n], atol=1e-3).item():
-                break
-            n += 1
-        if n > 0:
-            ref = reference[start : start + n]
-            checked.append(mx.allclose(logits[0, :n], ref, atol=1e-4).item())
-
-    return check
 
 
 def plain(model, prompt, max_tokens, **kwargs):
