@@ -8,6 +8,8 @@
 # Pillow and numpy wheels (cp312) go into .mlxcuda/b/ for mlx-vlm's imports;
 # cute.tar.xz (mlx/include/cute and cutlass of the mlx-cuda-13 wheel) for the
 # quantized matmuls, which MLX compiles at run time against them.
+# ptx.tar.xz (part 10 returns it: /tmp/mlx, the kernels MLX compiled) spares
+# a fresh machine that compile.
 # A trial on a CPU (each line at small sizes): PY (the python), VLM (mlx_vlm's
 # parent folder), EXTRA (arguments after each line's, which override them),
 # e.g. for part 6: EXTRA="--tiny --dtype float32 --layers 4 --context 64
@@ -16,6 +18,7 @@ set -u
 VLM=${VLM:-/tmp/vlm}
 [ -f build/gpu/mlxvlm.tar.xz ] && mkdir -p $VLM && tar -C $VLM -xJf build/gpu/mlxvlm.tar.xz
 [ -f build/gpu/cute.tar.xz ] && tar -C /tmp/site -xJf build/gpu/cute.tar.xz
+[ -f build/gpu/ptx.tar.xz ] && tar -C /tmp -xJf build/gpu/ptx.tar.xz
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 B=benchmarks/dsv4_speed.py
 PAT='tok/s|primitives|weights|rc |Error|error'
@@ -97,5 +100,33 @@ case $1 in
   run main 100 X=1
   run main 150 X=1 --forward --layers 6 --experts 8
   run main 250 X=1 --forward --layers 43 --experts 8
+  ;;
+10)
+  # 4-bit at 43 layers on a fresh machine in one process: its warm-up pays
+  # the quantized matmuls' compile (CUTLASS, over 4 minutes), then main
+  # beside mlx-vlm. The compiled kernels come back in $OUT/ptx.tar.xz.
+  run main 520 X=1 $L43 --bits 4 --prefill 2048 --decode 1024 --steps 24 $P
+  [ -d /tmp/mlx ] && tar -C /tmp -cf - mlx | xz -1 > $OUT/ptx.tar.xz
+  ;;
+11)
+  # b535387's 4-bit beside mlx-vlm (kernels compiled by part 10), then
+  # part 6's warm-up and its rounds with the oracle drafters.
+  run b535387 130 X=1 $L43 --bits 4 --prefill 2048 --decode 1024 --steps 24 $P
+  B=benchmarks/dsv4_verify.py
+  PAT='round|step|plain|MTP|DSpark|rc |Error|error|Killed'
+  run main 110 X=1 --layers 5 --experts 8 --context 256 --no-verify --rounds --mtp-k 1,2,3 --dspark --peer --oracle --oracle-sets published --tokens 8 --repeat 1
+  run main 300 X=1 $L43 --context 1024 --no-verify --rounds --mtp-k 1,2,3 --dspark --oracle --oracle-sets published --tokens 32 --repeat 2
+  ;;
+12)
+  # mlx-vlm's rounds beside ours, repeated (part 6's last line).
+  B=benchmarks/dsv4_verify.py
+  PAT='round|step|plain|MTP|DSpark|rc |Error|error|Killed'
+  run main ${LIMIT:-300} X=1 $L43 --context 1024 --no-verify --rounds --mtp-k 2 --dspark --dspark-blocks 2,5 --peer --tokens 24 --repeat 2
+  ;;
+13)
+  # Where a pipelined step's time goes against a step one at a time.
+  B=benchmarks/dsv4_async_steps.py
+  PAT='step|stream|time|GB|rc |Error|error|Killed'
+  run main ${LIMIT:-400} X=1 --layers 43 --experts 8 --context 1024 --tokens 32 --repeat 3
   ;;
 esac

@@ -45,15 +45,7 @@ def use(variant):
 def numerics():
     # Every expert routed and every pool entry picked: no top-k choice can
     # flip on a rounding difference.
-    a = types.SimpleNamespace(
-        tiny=True,
-        schedule=None,
-        layers=6,
-        experts=6,
-        experts_per_token=6,
-        **{f: None for f in S.OVERRIDES},
-    )
-    a.index_topk = 512
+    a = types.SimpleNamespace(tiny=True, layers=6, experts=6, index_topk=512)
     config = S.make_config(a)
     model = S.make_fork(config, dtype=mx.float32)
     prompt = mx.arange(300)[None] % config["vocab_size"]
@@ -75,14 +67,7 @@ def numerics():
 def flash_driver(layers, experts):
     """Random bf16 weights at Flash's per-layer sizes, dsv4_speed's driver and
     a 1,024-token prompt."""
-    a = types.SimpleNamespace(
-        tiny=False,
-        schedule=None,
-        layers=layers,
-        experts=experts,
-        experts_per_token=6,
-        **{f: None for f in S.OVERRIDES},
-    )
+    a = types.SimpleNamespace(layers=layers, experts=experts)
     config = S.make_config(a)
     model = S.make_fork(config)
     d = S.Driver("fork", model, S.forward_fn(model, False), 2048)

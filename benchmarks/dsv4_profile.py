@@ -38,7 +38,6 @@ import time
 import mlx.core as mx
 import mlx.nn as nn
 from dsv4_speed import (
-    OVERRIDES,
     Driver,
     cache_arrays,
     forward_fn,
@@ -367,9 +366,6 @@ def main():
     parser.add_argument("--steps", type=int, default=10, help="decode steps timed")
     parser.add_argument("--warmup", type=int, default=4, help="decode steps first")
     args = parser.parse_args()
-    for flag in OVERRIDES:
-        setattr(args, flag, None)
-    args.schedule, args.experts_per_token = None, 6
 
     config = make_config(args)
     model = make_fork(config, dtype=getattr(mx, args.dtype))

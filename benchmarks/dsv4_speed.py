@@ -104,13 +104,15 @@ TINY = {k: CONFIGS["deepseek_v4"][k] for k in OVERRIDES.values()}
 
 
 def make_config(args):
+    """Flash's config at ``args``' sizes; a size ``args`` lacks is the
+    default of this script's flag."""
     config = dict(FLASH)
-    if args.tiny:
+    if getattr(args, "tiny", False):
         config.update(TINY)
     for flag, key in OVERRIDES.items():
-        if getattr(args, flag) is not None:
+        if getattr(args, flag, None) is not None:
             config[key] = getattr(args, flag)
-    if args.schedule:
+    if getattr(args, "schedule", None):
         ratios = [int(r) for r in args.schedule.split(",")]
     elif args.layers == 43:
         ratios = [0, 0] + [4, 128] * 20 + [4]
@@ -119,7 +121,8 @@ def make_config(args):
     config["num_hidden_layers"] = len(ratios)
     config["compress_ratios"] = ratios
     config["n_routed_experts"] = args.experts
-    config["num_experts_per_tok"] = min(args.experts_per_token, args.experts)
+    per_token = getattr(args, "experts_per_token", 6)
+    config["num_experts_per_tok"] = min(per_token, args.experts)
     config["num_hash_layers"] = min(config["num_hash_layers"], len(ratios))
     return config
 
