@@ -3,10 +3,12 @@
 
 On the H200 ``generate_step``'s pipelined loop took longer a step than the
 same model one step at a time (docs/benchmarks.md, issue 32). This times the
-loop of ``dsv4_speed.Driver`` in three forms, alternated in one process:
-pipelined on its own stream (``generate_step``), pipelined on the default
-stream, and one step at a time; and splits each step's wall time into
-building the graph, ``async_eval`` (the launches) and the wait for the token.
+loop of ``dsv4_speed.Driver`` (``generate_step``'s) pipelined on a new
+stream, on the default stream and on ``mlx_lm.generate``'s
+``generation_stream`` (a thread-local stream), one step at a time, and
+``generate_step`` itself, alternated in one process; and splits each of
+the Driver's steps into building the graph, ``async_eval`` (the launches)
+and the wait for the token. "GB": peak memory above the active memory.
 
     python3 benchmarks/dsv4_async_steps.py --layers 43 --experts 8 --context 1024
 """
@@ -18,6 +20,7 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
+from mlx_lm.generate import generate_step, generation_stream
 
 sys.path.insert(0, str(Path(__file__).parent))
 from dsv4_speed import Driver, make_config, make_fork  # noqa: E402
@@ -69,38 +72,56 @@ def main():
         f"{mx.default_device()}"
     )
     forward = lambda inputs, cache: model(inputs, cache=cache)  # noqa: E731
-    own = Driver("own stream", model, forward, 2048)
-    default = Driver("default stream", model, forward, 2048)
-    default.stream = mx.default_stream(mx.default_device())
-    variants = {
-        "pipelined, own stream (generate_step)": (own, False),
-        "pipelined, default stream": (default, False),
-        "one at a time, own stream": (own, True),
+    streams = {
+        "a new stream": mx.new_stream(mx.default_device()),
+        "the default stream": mx.default_stream(mx.default_device()),
+        "generate's generation_stream": generation_stream,
     }
+    drivers = {}
+    for name, stream in streams.items():
+        drivers[name] = Driver(name, model, forward, 2048)
+        drivers[name].stream = stream
+
+    def driver(name, serial):
+        def run(tokens):
+            cache, y = drivers[name].prefill(prompt)
+            return decode(drivers[name], y, cache, tokens, serial)
+
+        return run
+
+    def plain(tokens):
+        # generate_step itself: its steps from the first token on.
+        for n, _ in enumerate(generate_step(prompt, model, max_tokens=tokens + 1)):
+            if n == 0:
+                tic = time.perf_counter()
+        step = (time.perf_counter() - tic) * 1e3 / tokens
+        return [step] + [float("nan")] * 3
+
+    variants = {f"pipelined, {name}": driver(name, False) for name in streams}
+    variants["one at a time, a new stream"] = driver("a new stream", True)
+    variants["generate_step"] = plain
     mx.random.seed(1)
     prompt = mx.random.randint(0, config["vocab_size"], (args.context,))
     times = {name: [] for name in variants}
     memory = {name: [] for name in variants}
     for r in range(args.repeat + 1):
-        for name, (driver, serial) in variants.items():
-            cache, y = driver.prefill(prompt)
+        for name, fn in variants.items():
             mx.reset_peak_memory()
-            row = decode(driver, y, cache, args.tokens if r else 8, serial)
+            row = fn(args.tokens if r else 8)
             if r:
                 times[name].append(row)
                 memory[name].append(
                     (mx.get_peak_memory() - mx.get_active_memory()) / 1e9
                 )
-            del cache
     print(
         f"decode after {args.context} tokens, {args.tokens} tokens a run, "
         f"medians of {args.repeat} alternated runs; ms a step"
     )
-    print(f"{'':40s} {'step':>7s} {'build':>7s} {'launch':>7s} {'wait':>7s} GB")
+    print(f"{'':44s} {'step':>7s} {'build':>7s} {'launch':>7s} {'wait':>7s} GB")
     for name, rows in times.items():
         cols = [statistics.median(c) for c in zip(*rows)]
         cells = " ".join(f"{c:7.1f}" for c in cols)
-        print(f"{name:40s} {cells} {statistics.median(memory[name]):.2f}")
+        print(f"{name:44s} {cells} {statistics.median(memory[name]):.2f}")
     print(f"cache memory at the end {mx.get_cache_memory() / 1e9:.2f} GB")
 
 
