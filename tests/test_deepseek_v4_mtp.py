@@ -1,14 +1,12 @@
 # Copyright © 2026 Apple Inc.
 
 import contextlib
-import http.client
 import io
 import json
 import sys
 import tempfile
 import threading
 import unittest
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from unittest import mock
 
@@ -27,6 +25,7 @@ from mlx_lm.generate import (
 )
 from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import load
+from test_deepseek_v4_trim import ServerThread
 
 from mlx_lm import cache_prompt, server
 from mlx_lm.chat_templates.deepseek_v4 import bos_token, eos_token, special_tokens
@@ -510,38 +509,6 @@ class TestMTPBatch(unittest.TestCase):
         generator.close()
 
 
-class ServerThread:
-    """`mlx_lm.server` on a free loopback port, in this process."""
-
-    def __init__(self, model_path, *args):
-        argv = ["mlx_lm.server", "--model", str(model_path), "--log-level", "ERROR"]
-        with mock.patch.object(server, "run") as run:
-            with mock.patch.object(sys, "argv", argv + list(args)):
-                server.main()
-        provider = run.call_args.args[2]
-        cache = server.LRUPromptCache(provider.cli_args.prompt_cache_size)
-        self.generator = server.ResponseGenerator(provider, cache)
-        self.httpd = ThreadingHTTPServer(
-            ("127.0.0.1", 0),
-            lambda *a, **kw: server.APIHandler(self.generator, *a, **kw),
-        )
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.generator.stop_and_join()
-
-    def complete(self, prompt, max_tokens):
-        conn = http.client.HTTPConnection(*self.httpd.server_address, timeout=300)
-        body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
-        conn.request("POST", "/v1/completions", json.dumps(body))
-        response = conn.getresponse()
-        answer = json.loads(response.read())
-        conn.close()
-        return response.status, answer
-
-
 class TestMTPCommands(unittest.TestCase):
 
     @classmethod
@@ -605,7 +572,8 @@ class TestMTPCommands(unittest.TestCase):
                 return out
 
         def complete(thread, i, texts):
-            texts[i] = thread.complete(prompts[i], 40 + 6 * i)
+            body = {"prompt": prompts[i], "max_tokens": 40 + 6 * i, "temperature": 0}
+            texts[i] = thread.complete(body)
 
         thread, alone = ServerThread(self.path), [None] * 3
         try:

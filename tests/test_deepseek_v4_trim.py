@@ -138,13 +138,17 @@ class ServerThread:
         self.httpd.server_close()
         self.generator.stop_and_join()
 
-    def complete(self, body):
+    def post(self, path, body):
+        """Send ``body`` as JSON; return the status and the JSON answer."""
         conn = http.client.HTTPConnection(*self.httpd.server_address, timeout=300)
-        conn.request("POST", "/v1/completions", json.dumps(body))
+        conn.request("POST", path, json.dumps(body))
         response = conn.getresponse()
         answer = json.loads(response.read())
         conn.close()
         return response.status, answer
+
+    def complete(self, body):
+        return self.post("/v1/completions", body)
 
 
 # Decoded tokens before the trims: the window (32) wraps and the trims below

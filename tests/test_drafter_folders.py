@@ -7,15 +7,12 @@ tiny model with the block, under the layout's names and config; the same
 model with the block in place is the reference."""
 
 import contextlib
-import http.client
 import io
 import json
 import re
 import sys
 import tempfile
-import threading
 import unittest
-from http.server import ThreadingHTTPServer
 from pathlib import Path
 from unittest import mock
 
@@ -26,8 +23,8 @@ from mlx_lm.generate import generate_step
 from mlx_lm.generate import main as generate_main
 from mlx_lm.generate import speculative_generate_step
 from mlx_lm.utils import load
+from test_deepseek_v4_trim import ServerThread
 
-from mlx_lm import server
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.drafter_folders import load_drafter
 from mlx_lm.models.mtp_drafter import make_drafter
@@ -387,35 +384,6 @@ class TestDrafterFolders(unittest.TestCase):
                 self.broken(name, edit, message)
 
 
-class ServerThread:
-    """mlx_lm.server on a free loopback port, in this process."""
-
-    def __init__(self, *argv):
-        argv = ["mlx_lm.server", "--log-level", "ERROR", *argv]
-        with mock.patch.object(server, "run") as run:
-            with mock.patch.object(sys, "argv", argv):
-                server.main()
-        provider = run.call_args.args[2]
-        cache = server.LRUPromptCache(provider.cli_args.prompt_cache_size)
-        self.generator = server.ResponseGenerator(provider, cache)
-        self.httpd = ThreadingHTTPServer(
-            ("127.0.0.1", 0),
-            lambda *a, **kw: server.APIHandler(self.generator, *a, **kw),
-        )
-        threading.Thread(target=self.httpd.serve_forever, daemon=True).start()
-
-    def chat(self, body):
-        conn = http.client.HTTPConnection("127.0.0.1", self.httpd.server_address[1])
-        conn.request("POST", "/v1/chat/completions", json.dumps(body))
-        response = conn.getresponse()
-        answer = json.loads(response.read())
-        conn.close()
-        self.httpd.shutdown()
-        self.httpd.server_close()
-        self.generator.stop_and_join()
-        return response.status, answer
-
-
 class TestDrafterFolderServer(unittest.TestCase):
 
     def test_server_serves_a_dspark_folder(self):
@@ -428,10 +396,13 @@ class TestDrafterFolderServer(unittest.TestCase):
             model = make_model(DSPARK_CONFIG)
             target = write_target(Path(tmp) / "target", model, DSPARK_CONFIG)
             folder = write_split(Path(tmp) / "dspark", model, DSPARK_CONFIG)
-            answers = [
-                ServerThread("--model", str(target), *extra).chat(body)
-                for extra in ([], ["--mtp", str(folder), "--num-draft-tokens", "3"])
-            ]
+            answers = []
+            for extra in ([], ["--mtp", str(folder), "--num-draft-tokens", "3"]):
+                thread = ServerThread(target, *extra)
+                try:
+                    answers.append(thread.post("/v1/chat/completions", body))
+                finally:
+                    thread.close()
         for status, answer in answers:
             self.assertEqual(status, 200, answer)
         texts = [a["choices"][0]["message"] for _, a in answers]
