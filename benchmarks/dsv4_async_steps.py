@@ -8,7 +8,7 @@ stream, on the default stream and on ``mlx_lm.generate``'s
 ``generation_stream`` (a thread-local stream), one step at a time, and
 ``generate_step`` itself, alternated in one process; and splits each of
 the Driver's steps into building the graph, ``async_eval`` (the launches)
-and the wait for the token. "GB": peak memory above the active memory.
+and the wait for the token (``Driver.decode``'s ``phases``). "GB": peak memory above the active memory.
 
     python3 benchmarks/dsv4_async_steps.py --layers 43 --experts 8 --context 1024
 """
@@ -24,34 +24,6 @@ from mlx_lm.generate import generate_step, generation_stream
 
 sys.path.insert(0, str(Path(__file__).parent))
 from dsv4_speed import Driver, make_config, make_fork  # noqa: E402
-
-
-def decode(driver, y, cache, steps, serial):
-    """``Driver.decode``'s loop, with the time of each phase a step."""
-    build = launch = wait = 0.0
-    tic = time.perf_counter()
-    y = driver._step(y, cache)
-    mx.async_eval(y)
-    for n in range(1, steps + 1):
-        if serial:
-            t = time.perf_counter()
-            y.item()
-            wait += time.perf_counter() - t
-        if n < steps:
-            t = time.perf_counter()
-            next_y = driver._step(y, cache)
-            t2 = time.perf_counter()
-            mx.async_eval(next_y)
-            t3 = time.perf_counter()
-            build += t2 - t
-            launch += t3 - t2
-        t = time.perf_counter()
-        y.item()
-        wait += time.perf_counter() - t
-        if n < steps:
-            y = next_y
-    total = time.perf_counter() - tic
-    return [x * 1e3 / steps for x in (total, build, launch, wait)]
 
 
 def main():
@@ -84,8 +56,13 @@ def main():
 
     def driver(name, serial):
         def run(tokens):
-            cache, y = drivers[name].prefill(prompt)
-            return decode(drivers[name], y, cache, tokens, serial)
+            d = drivers[name]
+            cache, y = d.prefill(prompt)
+            d.serial, phases = serial, [0.0, 0.0, 0.0]
+            tic = time.perf_counter()
+            d.decode(y, cache, tokens, phases=phases)
+            total = time.perf_counter() - tic
+            return [x * 1e3 / tokens for x in (total, *phases)]
 
         return run
 

@@ -318,18 +318,29 @@ class Driver:
         mx.eval(y)
         return cache, y
 
-    def decode(self, y, cache, steps, report=None):
+    def decode(self, y, cache, steps, report=None, phases=None):
         """``steps`` tokens after ``y``; calls ``report(n)`` after token n and
-        stops early when it returns True."""
+        stops early when it returns True. ``phases``, a list of three, gets
+        the seconds spent building the steps' graphs, in ``async_eval`` and
+        waiting for the tokens."""
+        clock = time.perf_counter
         y = self._step(y, cache)
         mx.async_eval(y)
         for n in range(1, steps + 1):
+            t0 = clock()
             if self.serial:
                 y.item()
+            t1 = t2 = t3 = clock()
             if n < steps:
                 next_y = self._step(y, cache)
+                t2 = clock()
                 mx.async_eval(next_y)
+                t3 = clock()
             y.item()
+            if phases is not None:
+                phases[0] += t2 - t1
+                phases[1] += t3 - t2
+                phases[2] += (t1 - t0) + (clock() - t3)
             if n % 256 == 0:
                 mx.clear_cache()
             if report is not None and report(n):
