@@ -140,6 +140,7 @@ class PR:
         self.depends = list(entry.get("depends", []))
         self.files = [Path(f) for f in entry.get("files", [])]
         self.tests = list(entry.get("tests", []))
+        self.track = entry.get("track")
         self.order = order
 
     @property
@@ -155,6 +156,9 @@ class PR:
         return f"PR({self.name!r})"
 
 
+TRACKS = ("upstream", "fork")
+
+
 def series():
     """The pull requests of ``patches/series.toml``, in series order. A PR
     may depend only on PRs before it."""
@@ -163,20 +167,32 @@ def series():
         raise ForkError(f"{manifest} is missing")
     with open(manifest, "rb") as f:
         entries = tomllib.load(f).get("pr", [])
-    prs, seen = [], set()
+    prs, seen = [], {}
     for i, entry in enumerate(entries):
         pr = PR(entry, i)
         if pr.name in seen:
             raise ForkError(f"series.toml: PR {pr.name!r} is listed twice")
+        if pr.track not in TRACKS:
+            raise ForkError(
+                f"series.toml: {pr.name!r} has track {pr.track!r}, not one of "
+                f"{', '.join(map(repr, TRACKS))}"
+            )
         for dep in pr.depends:
             if dep not in seen:
                 raise ForkError(
                     f"series.toml: {pr.name!r} depends on {dep!r}, which is "
                     "not a PR before it"
                 )
-        seen.add(pr.name)
+        seen[pr.name] = pr.track
         prs.append(pr)
     return prs
+
+
+def track(prs, name):
+    """The PRs of track ``name`` with the PRs they depend on, in series order."""
+    if name not in TRACKS:
+        raise ForkError(f"no track {name!r} (tracks: {', '.join(TRACKS)})")
+    return closure(prs, [p.name for p in prs if p.track == name])
 
 
 def closure(prs, names):

@@ -282,6 +282,7 @@ def check_series(prs=None):
         name = patch.relative_to(assemble.PATCHES).parts[0]
         if name not in {p.name for p in prs}:
             problems.append(f"{patch}: in no PR of series.toml")
+    problems += check_tracks(prs)
     for p in prs:
         deps = [d for d in closure(prs, [p.name]) if d is not p]
         for patch in p.patches():
@@ -301,6 +302,33 @@ def check_series(prs=None):
                 continue
             _, bad = apply_text(base, patch.read_text(), str(patch))
             problems += bad
+    return problems
+
+
+def check_tracks(prs):
+    """An upstream-track PR depends only on PRs of its track, and no later
+    PR of the track patches a file it adds (its code is final when it lands).
+    Returns the problems."""
+    by_name = {p.name: p for p in prs}
+    problems = []
+    added = {}
+    for p in prs:
+        if p.track != "upstream":
+            continue
+        for dep in p.depends:
+            if by_name[dep].track != "upstream":
+                problems.append(
+                    f"{p.name}: an upstream-track PR depends on {dep}, of the "
+                    f"{by_name[dep].track} track"
+                )
+        for patch in p.patches():
+            rel = target_of(patch)
+            if rel in added:
+                problems.append(
+                    f"{p.name}: patches {rel}, which {added[rel]} adds: a later "
+                    "upstream-track PR rewrites an earlier one"
+                )
+        added.update((f, p.name) for f in p.files)
     return problems
 
 
@@ -452,16 +480,19 @@ def setup_dev(force=False, venv=DEV_VENV):
 # Export onto an upstream tree
 
 
-def export(tree, pr=None):
+def export(tree, pr=None, track=None):
     """Copy the fork's files into an upstream source tree and apply the
-    patches there: of every PR, or of PR ``pr`` and the PRs it depends on.
-    Returns the conflicts, one per file and hunk."""
+    patches there: of every PR, of PR ``pr``, or of the PRs of ``track``,
+    with the PRs they depend on. Returns the conflicts, one per file and
+    hunk."""
     tree = Path(tree)
     if not (tree / "mlx_lm" / "__init__.py").is_file():
         raise ForkError(f"{tree} is not an mlx-lm source tree (no mlx_lm/)")
     prs = series()
     if pr is not None:
         prs = closure(prs, [pr])
+    if track is not None:
+        prs = assemble.track(prs, track)
     problems = []
     for rel in [f for p in prs for f in p.files]:
         out = tree / rel
@@ -602,16 +633,28 @@ def upstream_tests(python=sys.executable, pytest_args=()):
     return not regressions and not missing
 
 
-def print_series(prs=None):
-    """The series as a table: order, name, dependencies, size."""
+def print_series(prs=None, track=None):
+    """The series as a table: order, name, track, dependencies, size; only
+    the PRs of ``track`` if given, with their total."""
     prs = series() if prs is None else prs
-    print(f"{'#':>2}  {'PR':20} {'files':>5} {'+':>6} {'-':>5}  depends on")
+    if track is not None:
+        assemble.track(prs, track)
+        prs = [p for p in prs if p.track == track]
+    head = f"{'#':>2}  {'PR':24} {'track':8} {'files':>5} {'+':>6} {'-':>5}"
+    print(f"{head}  depends on")
+    totals = [0, 0, 0]
     for p in prs:
-        files, added, removed = pr_size(p)
+        size = pr_size(p)
+        totals = [t + s for t, s in zip(totals, size)]
+        files, added, removed = size
         deps = ", ".join(p.depends) or "-"
         print(
-            f"{p.order + 1:>2}  {p.name:20} {files:>5} {added:>6} {removed:>5}  {deps}"
+            f"{p.order + 1:>2}  {p.name:24} {p.track:8} {files:>5} {added:>6} "
+            f"{removed:>5}  {deps}"
         )
+    files, added, removed = totals
+    label = f"{len(prs)} PRs"
+    print(f"{'':>2}  {label:24} {'':8} {files:>5} {added:>6} {removed:>5}")
 
 
 SHEETS = ROOT / "docs" / "upstream"
@@ -624,9 +667,12 @@ def sheet_block(pr, prs):
     files (lines added/removed each) and tests."""
     files, added, removed = pr_size(pr)
     deps = ", ".join(f"[{d}]({d}.md)" for d in pr.depends) or "nothing"
+    mates = [p.name for p in prs if p.track == pr.track]
     lines = [
         SHEET_BEGIN,
-        f"PR {pr.order + 1} of {len(prs)} in `patches/series.toml`: **{pr.title}**.",
+        f"PR {pr.order + 1} of {len(prs)} in `patches/series.toml`, "
+        f"{mates.index(pr.name) + 1} of {len(mates)} in the {pr.track} track: "
+        f"**{pr.title}**.",
         f"Depends on: {deps}. Size: {files} files, +{added} / -{removed} lines.",
         "",
         "| file | change | + | - |",
@@ -820,13 +866,25 @@ def make_parser():
     )
     p = sub.add_parser("export", help="apply the fork onto an upstream tree")
     p.add_argument("tree", help="an mlx-lm source tree (with mlx_lm/), edited")
-    p.add_argument("--pr", help="only this PR and the PRs it depends on")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--pr", help="only this PR and the PRs it depends on")
+    which.add_argument(
+        "--track",
+        choices=assemble.TRACKS,
+        help="only the PRs of this track and the PRs they depend on",
+    )
     p = sub.add_parser("series", help="the PRs, their sizes; check that each applies")
     p.add_argument(
         "--sheets", action="store_true", help="refresh docs/upstream/<pr>.md"
     )
+    p.add_argument(
+        "--track", choices=assemble.TRACKS, help="list only the PRs of this track"
+    )
     p = sub.add_parser("test-prs", help="each PR alone on 0.32.2 with its tests")
     p.add_argument("names", nargs="*", help="PRs (default all)")
+    p.add_argument(
+        "--track", choices=assemble.TRACKS, help="the PRs of this track only"
+    )
     sub.add_parser("lint", help="black, isort, ruff on what the fork touches")
     sub.add_parser(
         "demo",
@@ -913,14 +971,14 @@ def main(argv=None):
             for line in sync_patches(args.pr) or ["patches/ is up to date"]:
                 print(line)
         elif args.command == "export":
-            problems = export(args.tree, args.pr)
+            problems = export(args.tree, args.pr, args.track)
             for line in problems:
                 print("conflict:", line)
             if problems:
                 return 1
             print(f"applied; `git -C {args.tree} diff` shows the change")
         elif args.command == "series":
-            print_series()
+            print_series(track=args.track)
             if args.sheets:
                 for line in write_sheets():
                     print("wrote", line)
@@ -930,7 +988,10 @@ def main(argv=None):
             print("series: " + ("FAILED" if problems else "every PR applies alone"))
             return 1 if problems else 0
         elif args.command == "test-prs":
-            return 1 if test_prs(names=args.names) else 0
+            names = args.names
+            if args.track:
+                names += [p.name for p in series() if p.track == args.track]
+            return 1 if test_prs(names=names) else 0
         elif args.command == "lint":
             return 0 if lint() else 1
         elif args.command == "demo":

@@ -136,6 +136,49 @@ class TestForkAssembly(unittest.TestCase):
             text,
         )
 
+    def test_export_of_the_upstream_track_writes_that_track_alone(self):
+        tree = self.tmp / "upstream"
+        shutil.copytree(self.upstream, tree)
+        self.assertEqual(fork.export(tree, track="upstream"), [])
+        prs = fork.series()
+        ours = fork.assemble.track(prs, "upstream")
+        # The track needs nothing of the fork's.
+        self.assertEqual({p.track for p in ours}, {"upstream"})
+        for pr in prs:
+            for rel in pr.files:
+                self.assertEqual((tree / rel).is_file(), pr in ours, rel)
+        for rel in {fork.target_of(p) for p in fork.patch_files(prs=ours)}:
+            self.assertEqual((tree / rel).read_text(), fork.series_text(rel, ours))
+
+    def test_series_lists_one_track(self):
+        out = io.StringIO()
+        with contextlib.redirect_stdout(out):
+            fork.print_series(track="fork")
+        rows = out.getvalue().splitlines()[1:-1]
+        fork_prs = [p.name for p in fork.series() if p.track == "fork"]
+        self.assertEqual([r.split()[1] for r in rows], fork_prs)
+        self.assertIn(f"{len(fork_prs)} PRs", out.getvalue().splitlines()[-1])
+
+    def test_an_upstream_pr_that_leans_on_the_fork_track_is_a_problem(self):
+        def pr(name, track, depends=(), files=()):
+            entry = dict(name=name, track=track, depends=list(depends))
+            return fork.assemble.PR(dict(entry, title=name, files=list(files)), 0)
+
+        prs = [pr("base", "fork"), pr("model", "upstream", ["base"])]
+        self.assertEqual(
+            fork.check_tracks(prs),
+            ["model: an upstream-track PR depends on base, of the fork track"],
+        )
+        prs[0].track = "upstream"
+        self.assertEqual(fork.check_tracks(prs), [])
+        with self.sandbox():
+            toml = fork.assemble.PATCHES / "series.toml"
+            toml.write_text(
+                toml.read_text().replace('track = "fork"', 'track = "f"', 1)
+            )
+            with self.assertRaisesRegex(fork.ForkError, "track 'f'"):
+                fork.series()
+
     def test_export_of_an_unknown_pr_names_the_prs(self):
         tree = self.tmp / "upstream"
         shutil.copytree(self.upstream, tree)
