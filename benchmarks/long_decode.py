@@ -107,6 +107,17 @@ CONFIGS = {
 # A DeepSeek-V4 config with its multi-token-prediction block (`mtp.*`), which
 # `mlx_lm.generate --mtp` drafts with.
 MTP = {"num_nextn_predict_layers": 1}
+# A V4-Flash-0731-shaped one: DeepSeek's `compress_ratios` schema, one
+# window-only entry per DSpark stage after the layers' (three), its drafter's
+# `dspark_*` fields (which also pick the 0731 chat format).
+DSPARK = {
+    "compress_ratios": [0, 4, 128, 4, 0, 0, 0],
+    "num_nextn_predict_layers": 1,
+    "dspark_block_size": 5,
+    "dspark_noise_token_id": 511,
+    "dspark_target_layer_ids": [1, 2, 3],
+    "dspark_markov_rank": 8,
+}
 
 
 # ChatML, for the model types without a chat encoder of their own.
@@ -200,15 +211,20 @@ def make_tokenizer(
     ).save_pretrained(path)
 
 
-def make_model_folder(path, model_type, seed=0, mtp=False):
+def make_model_folder(path, model_type, seed=0, mtp=False, dspark=False):
     """A folder ``mlx_lm.load`` reads: config, random weights, tokenizer;
-    ``mtp``: DeepSeek-V4's multi-token-prediction block too."""
+    ``mtp``: DeepSeek-V4's multi-token-prediction block too; ``dspark``: a
+    V4-Flash-0731-shaped DeepSeek-V4 with its DSpark drafter."""
     from mlx_lm.utils import _get_classes, save_model
 
     config = CONFIGS[model_type]
-    if mtp:
-        if model_type != "deepseek_v4":
-            raise ValueError(f"an MTP block is DeepSeek-V4's, not {model_type}'s")
+    if (mtp or dspark) and model_type != "deepseek_v4":
+        raise ValueError(f"a drafter block is DeepSeek-V4's, not {model_type}'s")
+    if dspark:
+        schema = ("layer_types", "compress_rates", "mlp_layer_types")
+        config = {k: v for k, v in config.items() if k not in schema}
+        config, mtp = {**config, **DSPARK}, True
+    elif mtp:
         config = {**config, **MTP}
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)

@@ -915,6 +915,13 @@ def make_parser():
         help="DeepSeek-V4's multi-token-prediction block too (mtp.*, "
         "num_nextn_predict_layers 1), for `mlx_lm.generate --mtp`",
     )
+    p.add_argument(
+        "--dspark",
+        action="store_true",
+        help="a V4-Flash-0731-shaped DeepSeek-V4 instead: its DSpark drafter "
+        "(dspark_* fields, three stages) and the 0731 chat format, for "
+        "`mlx_lm.generate --mtp`",
+    )
     p = sub.add_parser(
         "differential",
         help="the fork beside pristine 0.32.2 on tiny models",
@@ -1001,15 +1008,17 @@ def main(argv=None):
         elif args.command == "tiny-model":
             if args.mtp and args.model_type != "deepseek_v4":
                 parser.error("--mtp: the MTP block is DeepSeek-V4's")
+            if args.dspark and args.model_type != "deepseek_v4":
+                parser.error("--dspark: the DSpark drafter is DeepSeek-V4's")
             python = setup_dev()
             # The demo's folder builder.
             code = (
                 "import sys; sys.path.insert(0, sys.argv[1]); "
                 "from long_decode import make_model_folder; "
                 "print(make_model_folder(sys.argv[2], sys.argv[3], "
-                "mtp=sys.argv[4] == 'mtp'))"
+                "mtp=sys.argv[4] == 'mtp', dspark=sys.argv[4] == 'dspark'))"
             )
-            mtp = "mtp" if args.mtp else "-"
+            mtp = "dspark" if args.dspark else "mtp" if args.mtp else "-"
             cmd = [python, "-c", code, ROOT / "benchmarks", args.dir, args.model_type]
             return subprocess.run(list(map(str, cmd + [mtp]))).returncode
         elif args.command == "differential":

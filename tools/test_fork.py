@@ -387,6 +387,28 @@ class TestForkAssembly(unittest.TestCase):
             with contextlib.redirect_stderr(io.StringIO()):
                 fork.main(["tiny-model", str(folder), "--model-type", "qwen3", "--mtp"])
 
+    def test_tiny_model_dspark_is_a_0731_folder_that_generate_drafts_with(self):
+        from mlx_lm.chat_templates.deepseek_v4 import chat_format_of
+        from mlx_lm.generate import generate
+
+        from mlx_lm import load
+
+        folder = self.tmp / "tiny-dspark"
+        with mock.patch.object(fork, "setup_dev", return_value=sys.executable):
+            self.assertEqual(fork.main(["tiny-model", str(folder), "--dspark"]), 0)
+        self.assertEqual(chat_format_of(folder), "0731")
+        model, tokenizer = load(str(folder), model_config={"mtp": True})
+        self.assertEqual(len(model.dspark), 3)
+        prompt = "The quick brown fox"
+        plain = generate(model, tokenizer, prompt, max_tokens=12)
+        drafted = generate(model, tokenizer, prompt, max_tokens=12, mtp=True)
+        self.assertEqual(drafted, plain)
+        with self.assertRaises(SystemExit):
+            with contextlib.redirect_stderr(io.StringIO()):
+                fork.main(
+                    ["tiny-model", str(folder), "--model-type", "llama", "--dspark"]
+                )
+
     def test_tiny_model_types_are_the_demos(self):
         sys.path.insert(0, str(fork.ROOT / "benchmarks"))
         try:
