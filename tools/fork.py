@@ -799,12 +799,11 @@ def test(ref=None):
     _run(sys.executable, "-m", "venv", venv)
     python = _venv_python(venv)
     pip = [python, "-m", "pip", "install", "--quiet"]
-    # git+file URLs with a ref need a recent pip.
     _run(*pip, "--upgrade", "pip")
     # torch for the reference-parity tests; pinned so pip takes the CPU build.
     _run(*pip, "torch==2.13.0")
     extras = "test" if sys.platform == "darwin" else "cpu,test"
-    _run(*pip, f"{UPSTREAM_NAME}[{extras}] @ git+file://{ROOT}@{ref}")
+    _run(*pip, f"{UPSTREAM_NAME}[{extras}] @ git+file://localhost{ROOT}@{ref}")
     _run(*pip, "pytest", *TEST_CLIENTS, *LINT_REQUIREMENTS)
     fetch_mlx_vlm(python)
 
