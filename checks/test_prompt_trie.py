@@ -6,6 +6,8 @@ import unittest
 from mlx_lm.models.cache import PromptTrie
 
 
+# PR prompt-trie: its test in tests/test_prompt_cache.py checks the memory of
+# a search; these check its results and its time on one long stored prompt.
 class TestPromptTrieSearch(unittest.TestCase):
 
     def test_longer_is_the_shortest_stored_extension(self):
