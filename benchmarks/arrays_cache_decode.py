@@ -11,8 +11,9 @@ grown since its first token, and the largest unevaluated graph behind any
 
 Variants:
   pristine  ArraysCache as released in mlx-lm 0.32.2
-  fork      this fork
-  depends   the fork's advance alone (merged empty caches keep zero padding)
+  fork      this fork (arrays-cache and arrays-cache-zero-padding)
+  depends   the fork's advance with 0.32.2's merge and extend: arrays-cache
+            alone (merged empty caches keep their zero padding)
   pending   0.32.2 with the decrements kept as a Python int, subtracted when
             the metadata is read (the alternative to ``mx.depends``)
 
