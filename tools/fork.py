@@ -670,9 +670,8 @@ def sheet_block(pr, prs):
     mates = [p.name for p in prs if p.track == pr.track]
     lines = [
         SHEET_BEGIN,
-        f"PR {pr.order + 1} of {len(prs)} in `patches/series.toml`, "
-        f"{mates.index(pr.name) + 1} of {len(mates)} in the {pr.track} track: "
-        f"**{pr.title}**.",
+        f"**{pr.title}**: {pr.track} track, PR {mates.index(pr.name) + 1} of "
+        f"{len(mates)}.",
         f"Depends on: {deps}. Size: {files} files, +{added} / -{removed} lines.",
         "",
         "| file | change | + | - |",
@@ -686,12 +685,9 @@ def sheet_block(pr, prs):
         plus = sum(1 for x in text if x.startswith("+") and not x.startswith("+++"))
         minus = sum(1 for x in text if x.startswith("-") and not x.startswith("---"))
         hunks = sum(1 for x in text if x.startswith("@@"))
-        rel = patch.relative_to(ROOT)
-        lines.append(
-            f"| `{target_of(patch)}` | `{rel}`, {hunks} hunks | {plus} | {minus} |"
-        )
-    lines += ["", "Tests (`python3 tools/fork.py test-prs " + pr.name + "`):", ""]
-    lines += [f"- `{t}`" for t in pr.tests]
+        lines.append(f"| `{target_of(patch)}` | {hunks} hunks | {plus} | {minus} |")
+    tests = [t for t in pr.tests if not t.startswith("-")]
+    lines += ["", "Tests: `python -m pytest " + " ".join(tests) + "`"]
     lines.append(SHEET_END)
     return "\n".join(lines) + "\n"
 
