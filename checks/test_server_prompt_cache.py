@@ -1,8 +1,13 @@
 # Copyright © 2026 Apple Inc.
+"""server-prompt-cache through the server (tests/server_fixture.py): a
+shared system prompt comes from the prompt cache on Qwen3.5."""
 
+import sys
 import unittest
+from pathlib import Path
 
-from server_fixture import ServerTestCase
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from server_fixture import ServerTestCase  # noqa: E402
 
 
 class TestServerPromptCache(ServerTestCase):

@@ -1,8 +1,14 @@
 # Copyright © 2026 Apple Inc.
+"""server-logprobs through the server (tests/server_fixture.py): both serve
+paths (batched, and seeded one at a time) and both endpoints name the
+sampled token, the top tokens best first."""
 
+import sys
 import unittest
+from pathlib import Path
 
-from server_fixture import ServerTestCase
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from server_fixture import ServerTestCase  # noqa: E402
 
 
 class TestServerLogprobs(ServerTestCase):

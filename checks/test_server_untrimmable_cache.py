@@ -1,13 +1,17 @@
 # Copyright © 2026 Apple Inc.
+"""server-untrimmable-cache through the server (tests/server_fixture.py) on
+Qwen3.5 with a template that ends in <think>: a chat prompt cached up to its
+thinking tail, sent whole as a completion, is served; requests with thinking
+on and off in turn are served."""
 
 import http.client
 import json
+import sys
 import unittest
-from unittest import mock
+from pathlib import Path
 
-from server_fixture import ServerTestCase
-
-from mlx_lm import server
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+from server_fixture import ServerTestCase  # noqa: E402
 
 # Qwen3.5's shape in small: linear-attention layers, whose cache cannot be
 # trimmed, and a template that ends in <think> unless thinking is off.
@@ -54,24 +58,6 @@ class TestServerUntrimmableCache(ServerTestCase):
             self.assertEqual(status, 200, answer)
         status, answer = self.chat(messages=messages, max_tokens=2)
         self.assertEqual(status, 200, answer)
-
-    def test_a_failed_request_leaves_the_server_serving(self):
-        places = [
-            (server.BatchGenerator, "insert_segments"),
-            (server.LRUPromptCache, "fetch_nearest_cache"),
-        ]
-        for i, (owner, name) in enumerate(places):
-            with self.subTest(name):
-                error = RuntimeError("no room for it")
-                with mock.patch.object(owner, name, side_effect=error) as fail:
-                    messages = [{"role": "user", "content": f"Hi {i}"}]
-                    status, answer = self.chat(messages=messages)
-                fail.assert_called_once()
-                # That request fails (how it is answered is not this test's).
-                self.assertNotEqual(status, 200, answer)
-                messages = [{"role": "user", "content": f"The lazy dog {i}"}]
-                status, answer = self.chat(messages=messages, max_tokens=3)
-                self.assertEqual(status, 200, answer)
 
 
 if __name__ == "__main__":
