@@ -86,7 +86,7 @@ PRISTINE_SUITE = "242 passed, 16 skipped, 27 failed, 85 errors"
 # Linters pinned as in upstream's pre-commit configuration.
 LINT_REQUIREMENTS = ["black==25.1.0", "isort==6.0.1", "ruff==0.17.6"]
 # What the server tests drive mlx_lm.server with and measure it by.
-TEST_CLIENTS = ["openai", "psutil"]
+TEST_CLIENTS = ["openai", "psutil", "requests"]
 # mlx-vlm's wheel, unpacked (not installed: it would replace mlx_lm), for
 # checks/test_mtp_mlx_vlm.py.
 MLX_VLM = "mlx-vlm==0.7.10"
