@@ -4,9 +4,12 @@ import json
 import tempfile
 import unittest
 from pathlib import Path
+from types import SimpleNamespace
+from unittest import mock
 
 from mlx_lm.generate import TextStateMachine, make_text_state_machine
-from mlx_lm.server import ToolCallFormatter, process_message_content
+from mlx_lm.server import CompletionRequest, ResponseGenerator, ToolCallFormatter
+from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_tokenizer
 
 from mlx_lm.chat_templates.deepseek_v4 import (
@@ -103,13 +106,24 @@ class TestDeepseekV4ChatServer(unittest.TestCase):
         ]
         want = apply_chat_template(messages, add_generation_prompt=True)
         self.assertIn("<tool_result>Sunny\n\n22 C</tool_result>", want)
-        process_message_content(
-            messages, keep_tool_parts=self.tokenizer.keeps_tool_parts
+
+        # The prompt mlx_lm.server renders for the request.
+        prompts = []
+        render = TokenizerWrapper.apply_chat_template
+
+        def record(tokenizer, messages, tokenize=True, **kwargs):
+            prompts.append(render(tokenizer, messages, tokenize=False, **kwargs))
+            return render(tokenizer, messages, tokenize=tokenize, **kwargs)
+
+        cli_args = SimpleNamespace(chat_template_args={})
+        server = SimpleNamespace(
+            model_provider=SimpleNamespace(processor=None, cli_args=cli_args)
         )
-        out = self.tokenizer.apply_chat_template(
-            messages, add_generation_prompt=True, tokenize=False
-        )
-        self.assertEqual(out, want)
+        request = CompletionRequest("chat", "", messages, None, None)
+        args = SimpleNamespace(chat_template_kwargs=None)
+        with mock.patch.object(TokenizerWrapper, "apply_chat_template", record):
+            ResponseGenerator._tokenize(server, self.tokenizer, request, args)
+        self.assertEqual(prompts, [want])
 
 
 if __name__ == "__main__":
