@@ -26,7 +26,7 @@ latest_reminder_token = "<｜latest_reminder｜>"
 thinking_start_token = "<think>"
 thinking_end_token = "</think>"
 dsml_token = "｜DSML｜"
-# The tokens of the format a tokenizer must have (checked at load).
+# The tokens of the format a tokenizer must have.
 special_tokens = (
     bos_token,
     eos_token,
@@ -124,11 +124,9 @@ def chat_format_of(model_path) -> str:
 def for_checkpoint(model_path):
     """``apply_chat_template`` in the chat format of the checkpoint in
     ``model_path`` (a ``chat_format`` keyword still overrides it)."""
-    template = functools.partial(
+    return functools.partial(
         apply_chat_template, chat_format=chat_format_of(model_path)
     )
-    template.keeps_tool_parts = True
-    return template
 
 
 TOOLS_TEMPLATE = """## Tools
@@ -509,7 +507,3 @@ def apply_chat_template(
         think = thinking_start_token if thinking else thinking_end_token
         prompt = prompt.removesuffix(assistant_token + think)
     return prompt
-
-
-# mlx_lm.server leaves tool results given as lists of parts to this template.
-apply_chat_template.keeps_tool_parts = True

@@ -9,14 +9,6 @@ marker for the server: it runs to the end of the reply, where DeepSeek's
 format ends it. Blocks that format rejects are read leniently (``|`` for
 ``｜``, a missing closing tag, closing tags cut short at the end, as quantized
 models write them), or not at all: a block is parsed whole or raises.
-
-The server keeps the start of the call in the text (``tool_call_starts``), so
-calls the model writes slightly damaged are found too: invokes without the
-``tool_calls`` wrapper, a misspelled opener or one without its ``>``, and
-indented lines. Such a call is taken only if the request declares its tool
-and each invoke is closed. DSML quoted in a markdown code fence before the
-call stays content: the text from the start to the fence that closes it is
-given back as text, ahead of the calls.
 """
 
 import json
@@ -28,14 +20,8 @@ from ..chat_templates.deepseek_v32 import to_json
 dsml = "｜DSML｜"
 tool_call_start = f"\n\n<{dsml}tool_calls>"
 tool_call_end = ""
-tool_call_starts = (f"\n\n<{dsml}", f"<{dsml}")
 
 _start = re.compile(rf"\s*<{dsml}tool_calls>")
-# Openers models write damaged: a misspelled name or no ">".
-_damaged_start = re.compile(r"\s*<[｜|]DSML[｜|](?:tool_?calls?|tool)(?:>|(?=\s))")
-_bare_invoke = re.compile(r"(?:\n\n)?[ \t]*<[｜|]DSML[｜|]invoke\b")
-_any_tag = re.compile(r"<[｜|]DSML[｜|]")
-_fence = re.compile(r"^[ \t]*```", flags=re.MULTILINE)
 
 
 def _until(text, i, stops):
@@ -111,12 +97,10 @@ _attr = re.compile(r'(\w+)="([^"]*)"')
 _cut = re.compile(r"</?(?:[｜|](?:D(?:S(?:M(?:L(?:[｜|][a-z_]*)?)?)?)?)?)?\Z")
 
 
-def _parse_lenient(text, closed=False):
-    """The calls of a block read leniently; with closed, each invoke must end
-    with its closing tag."""
+def _parse_lenient(text):
+    """The calls of a block read leniently."""
     text = _cut.sub("", text)
     calls, call, param, pos, done = [], None, None, 0, False
-    ended = 0
 
     def close_param(value):
         name, string = param
@@ -147,7 +131,6 @@ def _parse_lenient(text, closed=False):
                 raise ValueError(f"Parameter outside a tool call: {tag[0]!r}")
             param = (attrs["name"], attrs.get("string"))
         elif kind == "invoke":
-            ended += call is not None
             call = None
         elif kind == "tool_calls":
             done, call = closing, None
@@ -156,67 +139,19 @@ def _parse_lenient(text, closed=False):
         close_param(rest)
     elif rest.strip():
         raise ValueError(f"Unexpected text in the tool calls: {rest!r}")
-    if closed and ended < len(calls):
-        raise ValueError("A tool call without its closing tag")
     return calls
-
-
-def _parse_block(text, names):
-    """The calls of the block at the start of text. A block with a damaged
-    opener or none is taken only with closed invokes of declared tools."""
-    if m := _start.match(text):
-        text, names = text[m.end() :], None
-    elif m := _damaged_start.match(text):
-        text = text[m.end() :]
-    elif not _bare_invoke.match(text):
-        # The text after the start marker.
-        names = None
-    if names is None:
-        # DeepSeek's parser takes no text after the block, not even a newline.
-        calls = _parse_exact(text.rstrip())
-        return calls if calls is not None else _parse_lenient(text)
-    calls = _parse_lenient(text, closed=True)
-    if undeclared := [c["name"] for c in calls if c["name"] not in names]:
-        raise ValueError(f"Tool calls of undeclared tools: {undeclared}")
-    return calls
-
-
-def _block_starts(text):
-    """Where the block may start: the start of the text, and the first tag
-    after each fence that closes one, the first closing a fence opened before
-    the text."""
-    starts, fences = [0], list(_fence.finditer(text))
-    for fence in fences[::2]:
-        if m := _any_tag.search(text, fence.end()):
-            starts.append(m.start())
-    return sorted(set(starts))
-
-
-def _tool_names(tools):
-    names = set()
-    for tool in tools or []:
-        function = tool.get("function", tool) if isinstance(tool, dict) else None
-        if isinstance(function, dict) and isinstance(function.get("name"), str):
-            names.add(function["name"])
-    return names
 
 
 def parse_tool_call(
     text: str, tools: Optional[Any] = None
-) -> dict[str, Any] | list[dict[str, Any] | str]:
-    """The calls in text; text ahead of them that is content comes first in
-    the list, as a string."""
-    names, error = _tool_names(tools), None
-    for start in _block_starts(text):
-        try:
-            calls = _parse_block(text[start:], names)
-        except ValueError as e:
-            error = error or e
-            continue
-        if not calls:
-            continue
-        head = text[:start].removesuffix("\n\n")
-        if head:
-            return [head, *calls]
-        return calls[0] if len(calls) == 1 else calls
-    raise error or ValueError("No tool call found.")
+) -> dict[str, Any] | list[dict[str, Any]]:
+    """The calls of the block in text, with or without its start marker."""
+    if m := _start.match(text):
+        text = text[m.end() :]
+    # DeepSeek's parser takes no text after the block, not even a newline.
+    calls = _parse_exact(text.rstrip())
+    if calls is None:
+        calls = _parse_lenient(text)
+    if not calls:
+        raise ValueError("No tool call found.")
+    return calls[0] if len(calls) == 1 else calls

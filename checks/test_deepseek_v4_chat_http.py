@@ -41,7 +41,6 @@ from mlx_lm.server import (
     tool_markers,
 )
 from mlx_lm.tokenizer_utils import TokenizerWrapper
-from test_deepseek_v4_chat import DAMAGED_CASES, NOT_CALLS, STREAMED
 from test_deepseek_v4_chat import TOOLS as CHAT_TOOLS
 
 from mlx_lm import load
@@ -104,6 +103,107 @@ TURN_2_PROMPT = (
     + TOOLS_BLOCK
     + '<｜User｜>Weather in Paris?<｜Assistant｜><think></think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n<｜DSML｜parameter name="note" string="true">a</｜DSML｜invoke>\n</｜DSML｜tool_calls>b</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>Sunny\n\n22 C</tool_result><｜Assistant｜><think>'
 )
+
+
+# A block whose value holds a whole block end: it runs to the reply's end.
+STREAMED = (
+    '\n<｜DSML｜invoke name="write">\n<｜DSML｜parameter name="text" string="true"></｜DSML｜invoke>\n</｜DSML｜tool_calls></｜DSML｜parameter>\n<｜DSML｜parameter name="after" string="true">kept</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name="g">\n\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
+    [
+        {
+            "name": "write",
+            "arguments": {
+                "text": "</｜DSML｜invoke>\n</｜DSML｜tool_calls>",
+                "after": "kept",
+            },
+        },
+        {"name": "g", "arguments": {}},
+    ],
+)
+
+
+def invoke(city, name="get_weather"):
+    return (
+        f'<{DSML}invoke name="{name}">\n'
+        f'<{DSML}parameter name="city" string="true">{city}</{DSML}parameter>\n'
+        f"</{DSML}invoke>"
+    )
+
+
+def block(body, opener=f"<{DSML}tool_calls>"):
+    return f"{opener}\n{body}\n</{DSML}tool_calls>"
+
+
+SEOUL = [{"name": "get_weather", "arguments": {"city": "Seoul"}}]
+QUOTE = block(invoke("Paris"))
+
+# Replies with DSML written slightly damaged, as vLLM's and SGLang's
+# DeepSeek-V4 parsers recover it: (name, reply, content, calls).
+DAMAGED_CASES = [
+    (
+        "an invoke without the tool_calls wrapper",
+        "Checking.\n" + invoke("Seoul") + f"\n</{DSML}tool_calls>",
+        "Checking.\n",
+        SEOUL,
+    ),
+    (
+        "an invoke without the wrapper or its end",
+        "Checking.\n" + invoke("Seoul"),
+        "Checking.\n",
+        SEOUL,
+    ),
+    (
+        "the opener misspelled toolcalls",
+        "\n\n" + block(invoke("Seoul"), f"<{DSML}toolcalls>"),
+        "",
+        SEOUL,
+    ),
+    (
+        "the opener cut to tool",
+        "\n\n" + block(invoke("Seoul"), f"<{DSML}tool>"),
+        "",
+        SEOUL,
+    ),
+    (
+        "the opener without its >",
+        "Sure.\n\n" + block(invoke("Seoul"), f"<{DSML}tool_calls"),
+        "Sure.",
+        SEOUL,
+    ),
+    (
+        "indented lines",
+        "Let me check.\n\n"
+        + "\n".join("  " + line for line in block(invoke("Seoul")).split("\n")),
+        "Let me check.\n\n  ",
+        SEOUL,
+    ),
+    (
+        "DSML quoted in a code fence before the call",
+        f"The format:\n\n```\n{QUOTE}\n```\n\nNow the call:\n\n"
+        + block(invoke("Seoul")),
+        f"The format:\n\n```\n{QUOTE}\n```\n\nNow the call:",
+        SEOUL,
+    ),
+    (
+        "an invoke quoted in a fence with a language, then a bare invoke",
+        f"```xml\n{invoke('Paris')}\n```\nCalling it:\n" + invoke("Seoul"),
+        f"```xml\n{invoke('Paris')}\n```\nCalling it:\n",
+        SEOUL,
+    ),
+]
+
+# Replies whose DSML is not a call: the whole reply is content.
+NOT_CALLS = [
+    ("DSML only quoted in a code fence", f"Like this:\n\n```\n{QUOTE}\n```\n\nDone."),
+    ("a truncated invoke", f'Docs quote <{DSML}invoke name="get_wea'),
+    ("an invoke of an undeclared tool", invoke("Seoul", name="not_declared")),
+    (
+        "an invoke without its closing tag",
+        invoke("Seoul").removesuffix(f"</{DSML}invoke>"),
+    ),
+    ("a function_calls block", block(invoke("Seoul"), f"<{DSML}function_calls>")),
+    ("a tag in prose", f'The tag <{DSML}invoke name="get_weather"> starts a call.'),
+    ("an invoke then text", invoke("Seoul") + "\nThat is all."),
+]
 
 
 def make_chain_model_folder(path):

@@ -1,0 +1,130 @@
+# Copyright © 2026 Apple Inc.
+
+import json
+import tempfile
+import unittest
+from pathlib import Path
+from types import SimpleNamespace
+from unittest import mock
+
+from mlx_lm.generate import TextStateMachine, make_text_state_machine
+from mlx_lm.server import CompletionRequest, ResponseGenerator, ToolCallFormatter
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+from mlx_lm.utils import load_tokenizer
+
+from mlx_lm.chat_templates.deepseek_v4 import (
+    apply_chat_template,
+    bos_token,
+    eos_token,
+    special_tokens,
+)
+
+DSML = "｜DSML｜"
+WEATHER = {
+    "type": "function",
+    "function": {
+        "name": "get_weather",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string"}}},
+    },
+}
+
+
+def make_checkpoint(path):
+    """A checkpoint's tokenizer that names DeepSeek-V4's encoder and DSML
+    parser, as deepseek_v4's TOKENIZER_DEFAULTS do."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = list(special_tokens) + ["Hi"]
+    tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, "Hi"))
+    tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
+    PreTrainedTokenizerFast(
+        tokenizer_object=tokenizer, bos_token=bos_token, eos_token=eos_token
+    ).save_pretrained(path)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config["chat_template_type"] = "deepseek_v4"
+    config["tool_parser_type"] = "deepseek_v4"
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    return path
+
+
+class TestDeepseekV4ChatServer(unittest.TestCase):
+
+    @classmethod
+    def setUpClass(cls):
+        cls._tmp = tempfile.TemporaryDirectory()
+        cls.tokenizer = load_tokenizer(make_checkpoint(Path(cls._tmp.name)))
+
+    @classmethod
+    def tearDownClass(cls):
+        cls._tmp.cleanup()
+
+    def reply(self, text, size):
+        """The content and the calls of a reply streamed in chunks of size,
+        split and parsed as mlx_lm.server does."""
+        state = make_text_state_machine(self.tokenizer).make_state()
+        texts = {"normal": "", "tool": ""}
+        for i in range(0, len(text), size):
+            state, segments = TextStateMachine.split(state, text[i : i + size])
+            for s, t in segments:
+                texts[s] += t
+        formatter = ToolCallFormatter(self.tokenizer.tool_parser, [WEATHER])
+        calls = formatter([texts["tool"]] if texts["tool"] else [])
+        calls = [(c["function"]["name"], c["function"]["arguments"]) for c in calls]
+        return texts["normal"], calls
+
+    def test_calls_written_slightly_damaged_are_found(self):
+        invoke = (
+            f'<{DSML}invoke name="get_weather">\n'
+            f'<{DSML}parameter name="city" string="true">Seoul</{DSML}parameter>\n'
+            f"</{DSML}invoke>"
+        )
+        end = f"\n</{DSML}tool_calls>"
+        # (reply, its content)
+        cases = [
+            (f"\n\n<{DSML}tool_calls>\n{invoke}{end}", ""),
+            # No tool_calls wrapper, or not its end either.
+            (f"Checking.\n{invoke}{end}", "Checking.\n"),
+            (f"Checking.\n{invoke}", "Checking.\n"),
+            # The opener misspelled, or without its ">".
+            (f"\n\n<{DSML}toolcalls>\n{invoke}{end}", ""),
+            (f"Sure.\n\n<{DSML}tool_calls\n{invoke}{end}", "Sure."),
+        ]
+        seoul = [("get_weather", '{"city": "Seoul"}')]
+        for reply, content in cases:
+            for size in (len(reply), 1, 5):
+                with self.subTest(reply, size=size):
+                    self.assertEqual(self.reply(reply, size), (content, seoul))
+
+    def test_tool_results_in_parts_are_joined_as_deepseek_joins_them(self):
+        call = {"name": "get_weather", "arguments": '{"city": "Paris"}'}
+        parts = [{"type": "text", "text": "Sunny"}, {"type": "text", "text": "22 C"}]
+        messages = [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "tool_calls": [{"function": call}]},
+            {"role": "tool", "content": parts},
+        ]
+        want = apply_chat_template(messages, add_generation_prompt=True)
+        self.assertIn("<tool_result>Sunny\n\n22 C</tool_result>", want)
+
+        # The prompt mlx_lm.server renders for the request.
+        prompts = []
+        render = TokenizerWrapper.apply_chat_template
+
+        def record(tokenizer, messages, tokenize=True, **kwargs):
+            prompts.append(render(tokenizer, messages, tokenize=False, **kwargs))
+            return render(tokenizer, messages, tokenize=tokenize, **kwargs)
+
+        cli_args = SimpleNamespace(chat_template_args={})
+        server = SimpleNamespace(
+            model_provider=SimpleNamespace(processor=None, cli_args=cli_args)
+        )
+        request = CompletionRequest("chat", "", messages, None, None)
+        args = SimpleNamespace(chat_template_kwargs=None)
+        with mock.patch.object(TokenizerWrapper, "apply_chat_template", record):
+            ResponseGenerator._tokenize(server, self.tokenizer, request, args)
+        self.assertEqual(prompts, [want])
+
+
+if __name__ == "__main__":
+    unittest.main()
