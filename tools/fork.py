@@ -640,7 +640,7 @@ def print_series(prs=None, track=None):
     if track is not None:
         assemble.track(prs, track)
         prs = [p for p in prs if p.track == track]
-    head = f"{'#':>2}  {'PR':24} {'track':8} {'files':>5} {'+':>6} {'-':>5}"
+    head = f"{'#':>2}  {'PR':26} {'track':8} {'files':>5} {'+':>6} {'-':>5}"
     print(f"{head}  depends on")
     totals = [0, 0, 0]
     for p in prs:
@@ -649,12 +649,12 @@ def print_series(prs=None, track=None):
         files, added, removed = size
         deps = ", ".join(p.depends) or "-"
         print(
-            f"{p.order + 1:>2}  {p.name:24} {p.track:8} {files:>5} {added:>6} "
+            f"{p.order + 1:>2}  {p.name:26} {p.track:8} {files:>5} {added:>6} "
             f"{removed:>5}  {deps}"
         )
     files, added, removed = totals
     label = f"{len(prs)} PRs"
-    print(f"{'':>2}  {label:24} {'':8} {files:>5} {added:>6} {removed:>5}")
+    print(f"{'':>2}  {label:26} {'':8} {files:>5} {added:>6} {removed:>5}")
 
 
 SHEETS = ROOT / "docs" / "upstream"
