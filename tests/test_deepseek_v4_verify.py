@@ -1,7 +1,6 @@
 # Copyright © 2026 Apple Inc.
 
 import copy
-import io
 import unittest
 
 import mlx.core as mx
@@ -61,14 +60,6 @@ def steps(model, cache, tokens):
     """The logits of ``tokens`` [B, L] fed one at a time [B, L, V]."""
     out = [model(tokens[:, i : i + 1], cache=cache) for i in range(tokens.shape[1])]
     return mx.concatenate(out, axis=1)
-
-
-def primitives(model, cache, tokens):
-    out = model(tokens, cache=cache)
-    f = io.StringIO()
-    mx.export_to_dot(f, out, *[a for c in cache for a in c.cache_arrays()])
-    mx.eval(out)
-    return f.getvalue().count("shape=rectangle")
 
 
 class TestDeepseekV4Verify(unittest.TestCase):
@@ -141,16 +132,6 @@ class TestDeepseekV4Verify(unittest.TestCase):
                     steps(self.model, cache, tokens),
                     steps(self.model, self.prefilled(kept), tokens),
                 )
-
-    def test_a_verify_costs_about_one_step(self):
-        # Each forward closes a window of each compressor (one token: the
-        # one that closes them); primitives are the host's work per forward.
-        one = primitives(self.model, self.prefilled(39), self.tokens[:1, 39:40])
-        for prompt, length in [(38, 2), (36, 4), (33, 8)]:
-            with self.subTest(length=length):
-                tokens = self.tokens[:1, prompt : prompt + length]
-                wide = primitives(self.model, self.prefilled(prompt), tokens)
-                self.assertLessEqual(wide, 1.1 * one)
 
 
 if __name__ == "__main__":

@@ -6,13 +6,11 @@ import json
 import re
 import tempfile
 import unittest
-from dataclasses import dataclass
 from itertools import product
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten
 from mlx_lm.convert import QUANT_RECIPES, convert, mixed_quant_predicate_builder
 from mlx_lm.generate import generate
 from mlx_lm.utils import (
@@ -24,7 +22,6 @@ from mlx_lm.utils import (
     save_model,
 )
 
-from mlx_lm.models.base import BaseModelArgs
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
 BASE = {
@@ -248,50 +245,6 @@ class TestQuantChecks(unittest.TestCase):
         message = str(e.exception)
         for name, (_, why) in bad.items():
             self.assertRegex(message, rf"`quantization\.{re.escape(name)}` .*{why}")
-
-
-@dataclass
-class Args(BaseModelArgs):
-    pass
-
-
-class Model(nn.Module):
-    def __init__(self, args: Args):
-        super().__init__()
-        self.proj = nn.Linear(64, 64, bias=False)
-
-    def __call__(self, x):
-        return self.proj(x)
-
-
-class TestFp8Detection(unittest.TestCase):
-
-    def test_fp8_weights_that_sanitize_packed_stay_quantized(self):
-        # DeepSeek's 128x128 ue8m0 blocks, repeated to one scale per 32
-        # columns: the checkpoint is mxfp8 once sanitize has packed it.
-        linear = nn.Linear(64, 64, bias=False)
-        packed = linear.to_quantized(mode="mxfp8")
-        weights = dict(tree_flatten(packed.parameters()))
-        config = {
-            "quantization_config": {
-                "quant_method": "fp8",
-                "scale_fmt": "ue8m0",
-                "weight_block_size": [128, 128],
-            }
-        }
-        with tempfile.TemporaryDirectory() as tmp:
-            path = Path(tmp)
-            (path / "config.json").write_text(json.dumps(config))
-            mx.save_safetensors(
-                str(path / "model.safetensors"),
-                {f"proj.{k}": v for k, v in weights.items()},
-            )
-            model, config = load_model(
-                path, get_model_classes=lambda config: (Model, Args)
-            )
-        self.assertEqual(quantized_layers(model), {"proj": ("mxfp8", 32, 8)})
-        x = mx.random.normal((2, 64))
-        self.assertTrue(mx.array_equal(model(x), packed(x)))
 
 
 if __name__ == "__main__":

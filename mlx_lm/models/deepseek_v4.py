@@ -1,8 +1,8 @@
 # Copyright © 2026 Apple Inc.
 
-import copy
 import re
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Callable, Dict, List, Optional
 
 import mlx.core as mx
@@ -17,7 +17,13 @@ from .cache import (
     WindowCompressorCache,
     WindowRows,
 )
-from .deepseek_v41 import DeepseekV41SwiGLU, SharedMLP, _collapse, _expand
+from .deepseek_v41 import (
+    DeepseekV41SwiGLU,
+    SharedMLP,
+    _collapse,
+    _expand,
+    _mixes,
+)
 from .pipeline import PipelineMixin
 from .rope_utils import YarnRoPE
 from .switch_layers import SwitchGLU, SwitchLinear
@@ -25,6 +31,16 @@ from .switch_layers import SwitchGLU, SwitchLinear
 SLIDING = "sliding_attention"
 CSA = "compressed_sparse_attention"
 HCA = "heavily_compressed_attention"
+# A prompt's queries attend in blocks of this many, each block to the keys
+# its window spans.
+_QUERY_BLOCK = 128
+# Queries that pick their own top-k entries do so in blocks of this many.
+_TOP_K_BLOCK = 512
+# A forward of at most this many tokens (a decode step, or a speculative
+# verify of the tokens drafted after one) takes the decode step's path: its
+# compiled helpers, the heads of its queries as the rows of one matmul.
+_STEP_ROWS = 8
+
 # For checkpoints without a chat template (a bundled one replaces the encoder).
 TOKENIZER_DEFAULTS = {
     "chat_template_type": "deepseek_v4",
@@ -67,11 +83,6 @@ class ModelArgs(BaseModelArgs):
     rope_scaling: Optional[Dict[str, Any]] = None
     rope_parameters: Optional[Dict[str, Any]] = None
     max_position_embeddings: int = 1048576
-    # The checkpoint's MTP blocks (`mtp.*`), for speculative decoding.
-    num_nextn_predict_layers: int = 0
-    # Whether they load (load(..., model_config={"mtp": True}), --mtp):
-    # without it they cost no memory.
-    mtp: bool = False
     # DeepSeek's schema
     compress_ratios: Optional[List[int]] = None
     num_hash_layers: Optional[int] = None
@@ -194,6 +205,11 @@ def _rope(x, freqs, offset, scale=1.0):
     )
 
 
+# Helpers with shape arithmetic compile for decode steps only: their shapes
+# repeat, while each new prompt length would keep a compiled trace.
+_rope_step = mx.compile(_rope)
+
+
 class Compressor(nn.Module):
     def __init__(self, args: ModelArgs, ratio: int, head_dim: int, overlap: bool):
         super().__init__()
@@ -212,11 +228,12 @@ class Compressor(nn.Module):
     ) -> Optional[mx.array]:
         """The pool after x (entry w of a row in its slot w), or None: each
         window of ratio rows that x closes pooled into one entry."""
-        return cache.update_and_fetch(self.wkv(x), self.wgate(x), rows, self._pool)
+        pool = partial(self._pool, _pool_step if x.shape[1] <= _STEP_ROWS else _pool)
+        return cache.update_and_fetch(self.wkv(x), self.wgate(x), rows, pool)
 
-    def _pool(self, kv, gate, idx, pos, first):
+    def _pool(self, pool, kv, gate, idx, pos, first):
         args = self.ape, self.norm.weight, self._freqs, self.ratio, self.overlap
-        return _pool(kv, gate, idx, pos, first, *args, self.norm.eps)
+        return pool(kv, gate, idx, pos, first, *args, self.norm.eps)
 
 
 def _pool(
@@ -241,6 +258,9 @@ def _pool(
     entries = mx.fast.rms_norm(entries, norm_weight, eps)
     # An entry sits at the position of its window's first row.
     return _rope(entries, freqs, first, float(ratio))
+
+
+_pool_step = mx.compile(_pool)
 
 
 class Indexer(nn.Module):
@@ -268,17 +288,37 @@ class Indexer(nn.Module):
             return None
         batch, length, _ = x.shape
         q = self.wq_b(qr).reshape(batch, length, self.n_heads, self.head_dim)
-        q = _rope(q.transpose(0, 2, 1, 3), self._freqs, rows.shift)
-        # [B, L, heads, n], in the keys' dtype (DeepSeek's code even rounds
-        # these to fp4); the heads' positive scores summed in float32.
-        q, keys = q.swapaxes(1, 2).astype(keys.dtype), keys[:, None, :n]
-        scores = q @ keys.swapaxes(-1, -2)
-        weights = self.weights_proj(x).astype(mx.float32)[..., None]
-        weights = weights * (self.n_heads * self.head_dim) ** -0.5
-        scores = mx.sum(mx.maximum(scores, 0).astype(mx.float32) * weights, axis=-2)
-        scores = mx.where(mx.arange(n) < visible[..., None], scores, -mx.inf)
+        rope = _rope_step if length <= _STEP_ROWS else _rope
+        q = rope(q.transpose(0, 2, 1, 3), self._freqs, rows.shift)
+        # In the keys' dtype, heads next to the entries [B, L, heads, n]: a
+        # float32 copy of the whole pool per step costs more than it gains
+        # (DeepSeek's code even rounds these to fp4). A prompt's queries go
+        # in blocks, so the scores of a long context stay small.
+        q = q.swapaxes(1, 2).astype(keys.dtype)
+        keys = keys[:, None, :n].swapaxes(-1, -2)
+        weights = self.weights_proj(x)
+        scale = (self.n_heads * self.head_dim) ** -0.5
         k = self.index_topk
-        return mx.stop_gradient(mx.argpartition(-scores, k - 1, axis=-1)[..., :k])
+        entries = mx.arange(n)
+        chosen = []
+        for i in range(0, length, _TOP_K_BLOCK):
+            block = slice(i, i + _TOP_K_BLOCK)
+            scores = q[:, block] @ keys
+            scores = _index_scores(
+                scores, weights[:, block], entries, visible[:, block], scale
+            )
+            chosen.append(mx.argpartition(-scores, k - 1, axis=-1)[..., :k])
+        chosen = mx.concatenate(chosen, axis=1) if len(chosen) > 1 else chosen[0]
+        return mx.stop_gradient(chosen)
+
+
+@partial(mx.compile, shapeless=True)
+def _index_scores(scores, weights, entries, visible, scale):
+    """Each entry's score: its heads' positive scores, weighted, summed in
+    float32; -inf for the entries a query does not see [B, L, n]."""
+    weights = weights.astype(mx.float32)[..., None] * scale
+    scores = mx.sum(mx.maximum(scores, 0).astype(mx.float32) * weights, axis=-2)
+    return mx.where(entries < visible[..., None], scores, -mx.inf)
 
 
 class Attention(nn.Module):
@@ -327,53 +367,175 @@ class Attention(nn.Module):
         qr = self.q_norm(self.wq_a(x))
         q = self.wq_b(qr).reshape(batch, length, self.n_heads, self.head_dim)
         q = mx.fast.rms_norm(q, None, self.eps).transpose(0, 2, 1, 3)
-        q = _rope(q, self._freqs, rows.shift)
-        kv = _rope(self.kv_norm(self.wkv(x)), self._freqs, rows.shift)
+        rope = _rope_step if length <= _STEP_ROWS else _rope
+        q = rope(q, self._freqs, rows.shift)
+        kv = rope(self.kv_norm(self.wkv(x)), self._freqs, rows.shift)
 
-        # One attention over the window's keys and the compressed keys, each
-        # query masked to what it sees, with the sink in the softmax: every
-        # visible entry of an HCA pool, a CSA query's top-k entries.
-        keys = cache.update_and_fetch(kv, rows)
-        mask = rows.window_mask((self.window, keys.shape[1] - 1 - length))
+        # One attention over the keys of the window and the compressed keys,
+        # each query masked to what it sees, with the sink in the softmax:
+        # the whole visible HCA pool, or a CSA query's top-k entries.
+        window = cache.update_and_fetch(kv, rows)
+        pool = seen = chosen = None
         if self.kind != SLIDING:
-            pool = self.compressor(x, cache.compressor, rows)
+            entries = self.compressor(x, cache.compressor, rows)
             n, visible = rows.entries(self.compressor.ratio)
-            seen = mx.arange(n) < visible[..., None]
             if self.kind == CSA:
                 chosen = self.indexer(x, qr, cache.indexer, rows)
-                if chosen is not None:
-                    picked = mx.zeros(seen.shape, mx.bool_)
-                    picked = mx.put_along_axis(picked, chosen, mx.array(True), -1)
-                    seen = seen & picked
-            if n > 0:
-                keys = mx.concatenate([keys, pool[:, :n]], axis=1)
-                mask = mx.concatenate([mask, seen], axis=-1)
-        keys = keys[:, None]
+            if chosen is not None:
+                pool, seen = entries, chosen < visible[..., None]
+            elif n > 0:
+                # Every visible entry: the layers of a ratio share the mask.
+                pool = entries[:, :n]
+        if chosen is not None and length > 1:
+            out = self._sparse(q, window, pool, chosen, seen, rows)
+        else:
+            if chosen is not None:
+                # One query: its entries are the keys of all its heads.
+                pool = mx.take_along_axis(pool, chosen[:, 0, :, None], axis=1)
+            out = self._dense(q, window, pool, seen, rows)
+        return self._output(out, rows)
+
+    def _dense(self, q, window, pool, seen, rows):
+        """Attention of queries that share their keys: the window rows and
+        the pool entries ``seen`` [B, L, n] (None: every entry a query can
+        see). A prompt's queries go in blocks of ``_QUERY_BLOCK``, each over
+        the window rows it spans, not over every key of the chunk."""
+        batch, heads, length, dims = q.shape
+        sizes = self.window, window.shape[1] - 1 - length
+        ratio = None if pool is None else self.compressor.ratio
+        blocks = -(-length // _QUERY_BLOCK)
+        if blocks == 1:
+            keys = window if pool is None else mx.concatenate([window, pool], 1)
+            if seen is None:
+                # No choice of entries: the layers of a ratio share the mask.
+                mask = rows.keys_mask((*sizes, ratio))
+            else:
+                mask = mx.concatenate([rows.window_mask(sizes), seen], axis=-1)
+            if length <= _STEP_ROWS:
+                # One key head: the heads' queries are the rows of one matmul,
+                # row h * length + i head h's query i (sdpa has no kernel for
+                # so many heads a key head; its fallback broadcasts the keys
+                # to every head in twice the primitives).
+                scores = q.reshape(batch, heads * length, dims) @ keys.swapaxes(-1, -2)
+                if length == 1:
+                    weights = _sink_softmax(scores, mask, self.attn_sink, self.scale)
+                else:
+                    scores = scores.reshape(batch, heads, length, -1)
+                    weights = _rows_sink_softmax(
+                        scores, mask, self.attn_sink, self.scale
+                    )
+                    weights = weights.reshape(batch, heads * length, -1)
+                return (weights @ keys).reshape(batch, heads, length, dims)
+            keys, mask = keys[:, None], mask[:, None]
+        else:
+            block = _QUERY_BLOCK
+            pad = blocks * block - length
+            index, mask = rows.bands((*sizes, block))
+            keys = mx.take_along_axis(window[:, None], index[..., None], axis=2)
+            if pool is not None:
+                if seen is None:
+                    seen = rows.pool_mask(ratio)
+                shape = (batch, blocks, pool.shape[1], dims)
+                keys = mx.concatenate([keys, mx.broadcast_to(pool[:, None], shape)], 2)
+                seen = mx.pad(seen, [(0, 0), (0, pad), (0, 0)])
+                mask = mx.concatenate([mask, seen.reshape(*shape[:2], block, -1)], -1)
+            q = mx.pad(q, [(0, 0), (0, 0), (0, pad), (0, 0)])
+            q = q.reshape(batch, heads, blocks, block, dims).swapaxes(1, 2)
+            q = q.reshape(batch * blocks, heads, block, dims)
+            keys = keys.reshape(batch * blocks, 1, -1, dims)
+            mask = mask.reshape(batch * blocks, 1, block, -1)
         out = mx.fast.scaled_dot_product_attention(
             q,
             keys,
             keys,
             scale=self.scale,
-            mask=mask[:, None],
+            mask=mask,
             sinks=self.attn_sink.astype(q.dtype),
         )
-        return self._output(out, rows)
+        if blocks > 1:
+            out = out.reshape(batch, blocks, heads, -1, dims).swapaxes(1, 2)
+            out = out.reshape(batch, heads, -1, dims)[:, :, :length]
+        return out
+
+    def _sparse(self, q, window, pool, chosen, seen, rows):
+        """Attention of queries that each attend to their own window rows and
+        top-k entries (the rows gathered in the model's dtype, for a block
+        of queries at a time); the heads of a token are the queries of its
+        keys."""
+        length = q.shape[2]
+        # The buffer keeps ``capacity`` slots and one more before the rows.
+        capacity = window.shape[1] - 1 - length
+        index, valid = rows.window_rows((self.window, capacity))
+        q = q.swapaxes(1, 2)
+        window, pool = window[:, None], pool[:, None]
+        out = []
+        for i in range(0, length, _TOP_K_BLOCK):
+            block = slice(i, i + _TOP_K_BLOCK)
+            keys = mx.concatenate(
+                [
+                    mx.take_along_axis(window, index[:, block, :, None], axis=2),
+                    mx.take_along_axis(pool, chosen[:, block, :, None], axis=2),
+                ],
+                axis=2,
+            )
+            mask = mx.concatenate([valid[:, block], seen[:, block]], axis=-1)
+            scores = q[:, block] @ keys.swapaxes(-1, -2)
+            weights = _sink_softmax(
+                scores, mask[:, :, None], self.attn_sink, self.scale
+            )
+            out.append(weights @ keys)
+        out = mx.concatenate(out, axis=1) if len(out) > 1 else out[0]
+        return out.swapaxes(1, 2)
 
     def _output(self, out: mx.array, rows: WindowRows) -> mx.array:
         batch, _, length, _ = out.shape
         # Undo the keys' rotation at the query position.
-        out = _rope(out, self._inverse_freqs, rows.shift)
-        # Each group of heads has its own projection: [B, groups, L, dims].
-        out = out.swapaxes(1, 2).reshape(batch, length, self.o_groups, -1)
-        out = out.swapaxes(1, 2)
+        rope = _rope_step if length <= _STEP_ROWS else _rope
+        out = rope(out, self._inverse_freqs, rows.shift)
+        # Each group of heads has its own projection: [B, groups, L, dims]
+        # (one token: the heads are in the groups' order already).
+        plain = isinstance(self.wo_a, SwitchLinear)
+        if length == 1:
+            out = out.reshape(batch, self.o_groups, 1, -1)
+        elif length <= _STEP_ROWS and plain:
+            # A few tokens: each token's groups as one token's are, [B, L,
+            # groups, 1, dims] (one transpose fewer than a prompt's).
+            out = out.swapaxes(1, 2).reshape(batch, length, self.o_groups, 1, -1)
+            out = out @ self.wo_a.weight.swapaxes(-1, -2)
+            return self.wo_b(out.reshape(batch, length, -1))
+        else:
+            out = out.swapaxes(1, 2).reshape(batch, length, self.o_groups, -1)
+            out = out.swapaxes(1, 2)
         # Plain weights as one batched matmul: gather_mm of whole groups
         # needs a JIT-compiled kernel on CUDA; quantized ones go through
         # gather_qmm (and LoRA through its own call).
-        if isinstance(self.wo_a, SwitchLinear):
+        if plain:
             out = out @ self.wo_a.weight.swapaxes(-1, -2)
         else:
             out = self.wo_a(out, self._group_ids)
-        return self.wo_b(out.swapaxes(1, 2).reshape(batch, length, -1))
+        if length > 1:
+            out = out.swapaxes(1, 2)
+        return self.wo_b(out.reshape(batch, length, -1))
+
+
+@partial(mx.compile, shapeless=True)
+def _sink_softmax(scores, mask, sinks, scale):
+    """Softmax in float32 of the scores times ``scale`` over the keys a query
+    sees and its head's sink ([heads], next to the keys' axis); the weights
+    of the keys in the scores' dtype."""
+    logits = mx.where(mask, scores.astype(mx.float32) * scale, -mx.inf)
+    sinks = sinks[:, None]
+    top = mx.maximum(logits.max(axis=-1, keepdims=True), sinks)
+    weights = mx.exp(logits - top)
+    total = weights.sum(axis=-1, keepdims=True) + mx.exp(sinks - top)
+    return (weights / total).astype(scores.dtype)
+
+
+@partial(mx.compile, shapeless=True)
+def _rows_sink_softmax(scores, mask, sinks, scale):
+    """``_sink_softmax`` of several queries a head [B, heads, L, keys], each
+    query's mask [B, L, keys]."""
+    return _sink_softmax(scores, mask[:, None], sinks[:, None], scale)
 
 
 class Router(nn.Module):
@@ -400,8 +562,9 @@ class Router(nn.Module):
     ) -> tuple[mx.array, mx.array]:
         hashed = "tid2eid" in self
         choice = self.tid2eid[input_ids] if hashed else self.e_score_correction_bias
+        route = _route_step if x.shape[-2] <= _STEP_ROWS else _route
         args = self.top_k, self.gate_temp, self.norm_topk_prob, self.route_scale
-        return _route(x, self.weight, choice, hashed, *args)
+        return route(x, self.weight, choice, hashed, *args)
 
 
 def _route(x, weight, choice, hashed, top_k, temp, norm, scale):
@@ -419,6 +582,9 @@ def _route(x, weight, choice, hashed, top_k, temp, norm, scale):
     if norm and top_k > 1:
         weights = weights / (mx.sum(weights, axis=-1, keepdims=True) + 1e-20)
     return chosen, weights * scale
+
+
+_route_step = mx.compile(_route)
 
 
 class HashTablesFrozen:
@@ -459,14 +625,61 @@ class MoE(nn.Module):
 
 
 class HyperConnection(deepseek_v41.HyperConnection):
+    """DeepSeek-V4.1's hyper-connection, with its collapse and expand in
+    compiled calls."""
+
+    def _args(self):
+        return (self.fn, self.base, self.scale, self._scale_ids, self._eps)
+
     def collapse(self, streams: mx.array):
         """The streams mixed into one, and the post and comb mixes."""
+        if streams.shape[1] <= _STEP_ROWS:
+            # A decode step in one compiled call (its shapes repeat).
+            args = self._args(), self.iters, self.hc_eps, self.norm_eps
+            return _mix_and_collapse(streams, *args[0], *args[1:])
         pre, post, comb = self(streams)
-        return _collapse(streams, pre), post, comb
+        weights = [pre[:, :, i] for i in range(self.hc)]
+        parts = [streams[:, :, i] for i in range(self.hc)]
+        return _collapse_by_stream(weights, parts), post, comb
 
     def expand(self, x: mx.array, streams: mx.array, post: mx.array, comb: mx.array):
         """The layer's output x written back into the streams."""
-        return _expand(x, streams, post, comb)
+        if streams.shape[1] <= _STEP_ROWS:
+            return _compiled_expand(x, streams, post, comb)
+        rows = [comb[:, :, i] for i in range(self.hc)]
+        parts = [streams[:, :, i : i + 1] for i in range(self.hc)]
+        return _expand_by_stream(x, post, rows, parts)
+
+
+@mx.compile
+def _mix_and_collapse(streams, *args):
+    pre, post, comb = _mixes(streams, *args)
+    return _collapse(streams, pre), post, comb
+
+
+_compiled_expand = mx.compile(_expand, shapeless=True)
+
+
+def _weighted_sum(weights, streams):
+    """The streams, each times its float32 weights, summed one at a time."""
+    out = mx.expand_dims(weights[0], -1) * streams[0]
+    for w, stream in zip(weights[1:], streams[1:]):
+        out = out + mx.expand_dims(w, -1) * stream
+    return out
+
+
+@partial(mx.compile, shapeless=True)
+def _collapse_by_stream(weights, streams):
+    """``_collapse`` one stream at a time: no float32 copy of the streams."""
+    return _weighted_sum(weights, streams).astype(streams[0].dtype)
+
+
+@partial(mx.compile, shapeless=True)
+def _expand_by_stream(x, post, comb_rows, streams):
+    """``_expand`` one input stream at a time: no [B, L, hc, hc, D] product."""
+    mixed = _weighted_sum(comb_rows, streams)
+    out = mx.expand_dims(post, -1) * mx.expand_dims(x, -2) + mixed
+    return out.astype(streams[0].dtype)
 
 
 class DecoderLayer(HashTablesFrozen, nn.Module):
@@ -510,42 +723,6 @@ class HyperHead(nn.Module):
         return _collapse(h, pre)
 
 
-def _mtp_args(args: ModelArgs, layer_idx: int) -> ModelArgs:
-    """The args of MTP block ``layer_idx`` (after the model's layers): its
-    attention from DeepSeek's `compress_ratios` entry (none: window only),
-    its experts routed, not hashed."""
-    ratios = args.compress_ratios or ()
-    ratio = ratios[layer_idx] if layer_idx < len(ratios) else 0
-    extra = layer_idx + 1 - len(args.layer_types)
-    mtp_args = copy.copy(args)
-    kind = SLIDING if not ratio else CSA if ratio == 4 else HCA
-    mtp_args.layer_types = args.layer_types + [kind] * extra
-    mtp_args.mlp_layer_types = args.mlp_layer_types + ["moe"] * extra
-    return mtp_args
-
-
-class MTPBlock(DecoderLayer):
-    """DeepSeek's multi-token prediction block: a decoder layer over the
-    target's last streams and the next token's embedding, with its own head
-    mix and norm before the target's head."""
-
-    def __init__(self, args: ModelArgs, layer_idx: int):
-        super().__init__(_mtp_args(args, layer_idx), layer_idx)
-        dims, eps = args.hidden_size, args.rms_norm_eps
-        self.enorm = nn.RMSNorm(dims, eps=eps)
-        self.hnorm = nn.RMSNorm(dims, eps=eps)
-        self.e_proj = nn.Linear(dims, dims, bias=False)
-        self.h_proj = nn.Linear(dims, dims, bias=False)
-        self.hc_head = HyperHead(args)
-        self.norm = nn.RMSNorm(dims, eps=eps)
-
-    def __call__(self, h, embeds, input_ids, cache, rows):
-        # The embedding goes into every stream of the target's.
-        e = self.e_proj(self.enorm(embeds))[:, :, None]
-        h = super().__call__(e + self.h_proj(self.hnorm(h)), input_ids, cache, rows)
-        return self.norm(self.hc_head(h)), h
-
-
 def _cache_arrays(cache: List[WindowCompressorCache]) -> List[mx.array]:
     return [a for c in cache for a in c.cache_arrays()]
 
@@ -563,7 +740,6 @@ class DeepseekV4Model(PipelineMixin, nn.Module):
         self,
         inputs: mx.array,
         cache: List[WindowCompressorCache],
-        return_hidden: bool = False,
     ) -> mx.array:
         h = self.embed_tokens(inputs)
         batch, length, dims = h.shape
@@ -582,9 +758,7 @@ class DeepseekV4Model(PipelineMixin, nn.Module):
         out = mx.distributed.all_gather(out)[:batch] if size > 1 else out
         # Evaluating the output also materializes every cache array, so no
         # cache field keeps a growing lazy graph, without a host sync.
-        out = mx.depends(out, _cache_arrays(cache))
-        # The last layer's streams feed the MTP block.
-        return (out, h) if return_hidden else out
+        return mx.depends(out, _cache_arrays(cache))
 
 
 def _ue8m0(scale: mx.array) -> mx.array:
@@ -628,8 +802,6 @@ def _repack(weight: mx.array, scale: mx.array, block=(32, 32)) -> tuple:
 _RENAMES = tuple(
     (re.compile(old), new)
     for old, new in (
-        (r"^model\.mtp\.", "mtp."),
-        (r"^mtp\.(\d+)\.hc_head_(fn|base|scale)$", r"mtp.\1.hc_head.\2"),
         (r"^(model\.)?embed\.", "model.embed_tokens."),
         (r"^(model\.)?head\.", "lm_head."),
         (r"^(norm|layers)\.", r"model.\1."),
@@ -646,8 +818,6 @@ _RENAMES = tuple(
 # Weights stored one per expert or one per output group.
 _PART_KEY = re.compile(r"(.+\.(?:switch_mlp\.\w+|wo_a))\.(\d+)\.(\w+)")
 _MTP_KEY = re.compile(r"(^|\.)mtp\.")
-# DeepSeek-V4's MTP block, not another kind of drafter (V4.1's DSpark).
-_MTP_BLOCK_KEY = re.compile(r"(^|\.)mtp\.0\.enorm\.weight$")
 
 
 class Model(HashTablesFrozen, nn.Module):
@@ -657,38 +827,15 @@ class Model(HashTablesFrozen, nn.Module):
         self.model_type = args.model_type
         self.model = DeepseekV4Model(args)
         self.lm_head = nn.Linear(args.hidden_size, args.vocab_size, bias=False)
-        n, blocks = args.num_hidden_layers, args.num_nextn_predict_layers
-        self.mtp = [MTPBlock(args, n + i) for i in range(blocks if args.mtp else 0)]
 
     def __call__(
         self,
         inputs: mx.array,
         cache: Optional[List[WindowCompressorCache]] = None,
-        return_hidden: bool = False,
     ) -> mx.array:
-        """The logits, and with ``return_hidden`` the last layer's streams
-        [B, L, hc, D] that ``mtp_draft`` takes."""
         if cache is None:
             cache = self.make_cache()
-        out = self.model(inputs, cache, return_hidden)
-        if return_hidden:
-            return self.lm_head(out[0]), out[1]
-        return self.lm_head(out)
-
-    def make_mtp_cache(self) -> List[WindowCompressorCache]:
-        return [self._layer_cache(self.mtp[0].attn.kind)] if self.mtp else []
-
-    def mtp_draft(
-        self, hidden: mx.array, inputs: mx.array, cache: List[WindowCompressorCache]
-    ):
-        """The MTP block's logits for the tokens after ``inputs`` [B, L],
-        given the target's streams ``hidden`` at the positions before them;
-        and the block's streams, the ``hidden`` of its next step."""
-        block = self.mtp[0]
-        rows = cache[0].make_mask(inputs.shape[1], inputs.shape[0])
-        embeds = self.model.embed_tokens(inputs)
-        out, h = block(hidden, embeds, inputs, cache[0], rows)
-        return self.lm_head(mx.depends(out, _cache_arrays(cache))), h
+        return self.lm_head(self.model(inputs, cache))
 
     @property
     def layers(self):
@@ -732,7 +879,7 @@ class Model(HashTablesFrozen, nn.Module):
                 return attn_axes.get(parts[1])
             return ffn_axes.get(parts[-2]) if parts[0] == "ffn" else None
 
-        for layer in [*self.layers, *self.mtp]:
+        for layer in self.layers:
             attn = layer.attn
             # The projections into and out of the heads communicate.
             attn.wq_b = shard_linear(attn.wq_b, "all-to-sharded", group=group)
@@ -748,11 +895,10 @@ class Model(HashTablesFrozen, nn.Module):
         DeepSeek's fp8 and fp4 weights packed (mxfp8 and mxfp4 scales)."""
         args = self.args
         block = (args.quantization_config or {}).get("weight_block_size", (128, 128))
-        mtp = self._keep_mtp(weights)
         out, parts, problems = {}, {}, {}
         for key, value in weights.items():
             # The MTP block is only used for speculative decoding.
-            if _MTP_KEY.search(key) and not mtp:
+            if _MTP_KEY.search(key):
                 continue
             name = key
             for old, new in _RENAMES:
@@ -799,20 +945,6 @@ class Model(HashTablesFrozen, nn.Module):
             elif name.endswith(".tid2eid"):
                 out[name] = value.astype(mx.int32)
         return out
-
-    def _keep_mtp(self, weights: Dict[str, mx.array]) -> bool:
-        """Whether the MTP blocks load: where asked for (``args.mtp``) and the
-        checkpoint has them."""
-        keys = [k for k in weights if _MTP_KEY.search(k)] if self.mtp else []
-        if keys and not any(_MTP_BLOCK_KEY.search(k) for k in keys):
-            print(
-                "[WARNING] The checkpoint's mtp.* weights are not a DeepSeek-V4 "
-                "MTP block (no mtp.0.enorm): loading without it."
-            )
-            keys = []
-        if not keys:
-            self.mtp = []
-        return bool(self.mtp)
 
     @property
     def cast_predicate(self) -> Callable[[str], bool]:
