@@ -26,7 +26,8 @@ class TestDeepseekV41Training(unittest.TestCase):
         # gradient of its own.
         def kernel(inputs, template, **kwargs):
             comb, eps = inputs
-            out = deepseek_v41._sinkhorn_ops(comb, eps, dict(template)["ITERS"])
+            iters = dict(template)["ITERS"]
+            out = deepseek_v41._sinkhorn_ops(comb, iters=iters, eps=eps)
             return [mx.stop_gradient(out)]
 
         mx.random.seed(0)
@@ -39,7 +40,7 @@ class TestDeepseekV41Training(unittest.TestCase):
             return (sinkhorn(comb) * weights).sum()
 
         expected = mx.grad(loss)(
-            logits, lambda c: deepseek_v41._sinkhorn_ops(c, eps, 20)
+            logits, lambda c: deepseek_v41._sinkhorn_ops(c, iters=20, eps=eps)
         )
         with patch.object(deepseek_v41, "_sinkhorn_kernel", kernel), patch.object(
             mx, "default_device", return_value=mx.gpu

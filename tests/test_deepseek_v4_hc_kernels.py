@@ -103,7 +103,7 @@ class TestHyperConnectionKernels(unittest.TestCase):
             pre = mx.sigmoid(mix[..., :hc]) + eps
             post = 2 * mx.sigmoid(mix[..., hc : 2 * hc])
             comb = mx.softmax(mix[..., 2 * hc :].reshape(*mix.shape[:-1], hc, hc), -1)
-            comb = deepseek_v41._sinkhorn_ops(comb + eps, eps, iters)
+            comb = deepseek_v41._sinkhorn_ops(comb + eps, iters=iters, eps=eps)
             x = deepseek_v41._collapse(streams, pre)
             return [mx.stop_gradient(a) for a in (x, post, comb)]
 
