@@ -78,6 +78,7 @@ def max_cache_graph(cache):
         default=0,
     )
 
+
 # This model's names, from transformers' save_pretrained ones.
 _TRANSFORMERS_NAMES = (
     (r"^head\.", "lm_head."),

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from server_fixture import ServerThread, make_model_provider  # noqa: E402, F401
 from dsv4_fixtures import (  # noqa: E402, F401
     GRAPH_BOUND,
     TINY_CONFIG,
@@ -23,6 +22,7 @@ from dsv4_fixtures import (  # noqa: E402, F401
     max_diff,
     random_weights,
 )
+from server_fixture import ServerThread, make_model_provider  # noqa: E402, F401
 from test_deepseek_v4_mtp import block_checker  # noqa: E402, F401
 
 
