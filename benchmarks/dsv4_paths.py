@@ -103,7 +103,7 @@ def sparse_as_mask():
 
 def hc_whole():
     """Disable the by-stream hyper-connections of L > 8: the whole
-    [B, L, hc, ...] products of V4.1's ``_collapse`` and ``_expand``."""
+    [B, L, hc, ...] products of V4.1's ``collapse`` and ``expand``."""
     cls = dsv4.HyperConnection
     collapse, expand = cls.collapse, cls.expand
 
@@ -111,12 +111,12 @@ def hc_whole():
         if streams.shape[1] <= dsv4._STEP_ROWS:
             return collapse(self, streams)
         pre, post, comb = self(streams)
-        return dsv4._collapse(streams, pre), post, comb
+        return dsv4.collapse(streams, pre), post, comb
 
     def whole_expand(self, x, streams, post, comb):
         if streams.shape[1] <= dsv4._STEP_ROWS:
             return expand(self, x, streams, post, comb)
-        return dsv4._expand(x, streams, post, comb)
+        return dsv4.expand(x, streams, post, comb)
 
     return patched(cls, collapse=whole_collapse, expand=whole_expand)
 
