@@ -604,8 +604,8 @@ class HyperConnection(deepseek_v41.HyperConnection):
         """The streams mixed into one, and the post and comb mixes."""
         if streams.shape[1] <= _STEP_ROWS:
             # A decode step in one compiled call (its shapes repeat).
-            args = self._args(), self.iters, self.hc_eps, self.norm_eps
-            return _mix_and_collapse(streams, *args[0], *args[1:])
+            args = self.iters, self.hc_eps, self.norm_eps, not self.training
+            return _mix_and_collapse(streams, *self._args(), *args)
         pre, post, comb = self(streams)
         weights = [pre[:, :, i] for i in range(self.hc)]
         parts = [streams[:, :, i] for i in range(self.hc)]
