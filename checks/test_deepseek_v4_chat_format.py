@@ -240,8 +240,10 @@ class TestDeepseekV4ChatFormat(unittest.TestCase):
             (original, None, ""),
             (dspark, "max", REASONING_EFFORT_BEYOND),
             (dspark, "high", REASONING_EFFORT_HIGH),
-            (dspark, "medium", ""),
-            (dspark, None, ""),
+            # DeepSeek's API: "medium" and none given are 0731's "high".
+            (dspark, "medium", REASONING_EFFORT_HIGH),
+            (dspark, "low", ""),
+            (dspark, None, REASONING_EFFORT_HIGH),
             (own, "max", REASONING_EFFORT_HIGH),
         ]:
             with self.subTest(effort=effort, path=tokenizer.name_or_path):
