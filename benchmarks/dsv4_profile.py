@@ -51,7 +51,7 @@ from mlx_lm.models import cache as cache_module
 
 # Methods timed besides each module's __call__, where a class defines them.
 METHODS = ("collapse", "expand", "apply_branch", "_dense", "_sparse", "_output")
-CACHE_METHODS = ("update_and_fetch", "update_pool", "make_mask")
+CACHE_METHODS = ("update_and_fetch", "update_pool", "forward_rows")
 ROWS_METHODS = ("slots", "window_mask", "window_rows", "bands", "entries")
 
 

@@ -4,6 +4,7 @@ models and checkpoint writers, the recorded transformers logits and the
 transformers model on the same weights."""
 
 import importlib.util
+import io
 import sys
 import tempfile
 import zlib
@@ -21,10 +22,9 @@ from test_deepseek_v4 import (  # noqa: E402, F401
     COMMUNITY_RULES,
     CONFIG,
     FP8_CONFIG,
-    GRAPH_BOUND,
-    SMALL_CONFIG,
     TINY_CONFIG,
     TOKENS,
+    VERIFY_CONFIG,
     _community_predicate,
     _dequantized,
     _float32,
@@ -36,14 +36,48 @@ from test_deepseek_v4 import (  # noqa: E402, F401
     _release_tensors,
     _write,
     assert_load_names_every_key,
-    graph_edges,
+    assert_trains,
     make_tiny_model,
     make_tiny_model_folder,
     make_tiny_tokenizer,
-    max_cache_graph,
     max_diff,
+    prefilled,
     random_weights,
+    steps,
 )
+
+# The cache graphs a decode step may leave: a few lazy edges, not a chain.
+GRAPH_BOUND = 8
+
+# A CSA and an HCA layer.
+SMALL_CONFIG = {
+    **TINY_CONFIG,
+    "num_hidden_layers": 2,
+    "layer_types": TINY_CONFIG["layer_types"][1:3],
+    "mlp_layer_types": ["hash_moe", "moe"],
+}
+
+
+def graph_edges(a):
+    """Edges of the unevaluated graph behind a (0 once it is evaluated)."""
+    f = io.StringIO()
+    mx.export_to_dot(f, a)
+    return f.getvalue().count("->")
+
+
+def max_cache_graph(cache):
+    """The largest graph behind any array that any layer's cache holds."""
+    return max(
+        (
+            graph_edges(v)
+            for layer_cache in cache
+            for c in layer_cache.caches
+            for v in vars(c).values()
+            if isinstance(v, mx.array)
+        ),
+        default=0,
+    )
+
 
 # This model's names, from transformers' save_pretrained ones.
 _TRANSFORMERS_NAMES = (

@@ -9,20 +9,20 @@ import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from server_fixture import ServerThread, make_model_provider  # noqa: E402, F401
-from test_deepseek_v4 import (  # noqa: E402, F401
+from dsv4_fixtures import (  # noqa: E402, F401
     GRAPH_BOUND,
     TINY_CONFIG,
     graph_edges,
     make_tiny_model,
 )
-from test_deepseek_v4 import make_tiny_model_folder as _make_folder  # noqa: E402
-from test_deepseek_v4 import (  # noqa: E402, F401
+from dsv4_fixtures import make_tiny_model_folder as _make_folder  # noqa: E402
+from dsv4_fixtures import (  # noqa: E402, F401
     make_tiny_tokenizer,
     max_cache_graph,
     max_diff,
     random_weights,
 )
+from server_fixture import ServerThread, make_model_provider  # noqa: E402, F401
 from test_deepseek_v4_mtp import block_checker  # noqa: E402, F401
 
 

@@ -1,9 +1,10 @@
 # Copyright © 2026 Apple Inc.
 
 """DeepSeek-V4.1 trains (PR deepseek-v41-training), beyond its tests in
-tests/test_deepseek_v41.py: the Sinkhorn kernel's gradient where no kernel
-runs (a stand-in kernel, the GPU path forced), and two steps of
-``tuner.trainer.train``, LoRA and full."""
+tests/test_deepseek_v41.py: where a Sinkhorn kernel runs (a stand-in
+kernel, the GPU path forced), training runs the loop of ops and inference
+the kernel, in V4.1 and in DeepSeek-V4's hyper-connections; and two steps
+of ``tuner.trainer.train``, LoRA and full."""
 
 import math
 import tempfile
@@ -12,7 +13,9 @@ from pathlib import Path
 from unittest.mock import patch
 
 import mlx.core as mx
+import mlx.nn as nn
 import mlx.optimizers as opt
+from dsv4_fixtures import make_tiny_model
 from mlx.utils import tree_flatten
 from mlx_lm.tuner.callbacks import TrainingCallback
 
@@ -20,62 +23,74 @@ from mlx_lm import tuner
 from mlx_lm.models import deepseek_v41
 
 
+def tiny_args():
+    return deepseek_v41.ModelArgs(
+        vocab_size=64,
+        hidden_size=32,
+        num_hidden_layers=3,
+        num_attention_heads=2,
+        head_dim=16,
+        q_lora_rank=16,
+        qk_rope_head_dim=8,
+        o_groups=2,
+        o_lora_rank=8,
+        moe_intermediate_size=16,
+        n_routed_experts=4,
+        num_experts_per_tok=2,
+        sliding_window=4,
+        compress_ratios=(0, 2, 2),
+        kv_source_layer_ids=(1,),
+        index_source_layer_ids=(1, 2),
+        index_n_heads=2,
+        index_head_dim=16,
+        index_topk=2,
+        candidate_source_layer_id=1,
+        candidate_topk_blocks=1,
+        candidate_block_size=2,
+    )
+
+
 class TestDeepseekV41Training(unittest.TestCase):
-    def test_sinkhorn_kernel_has_the_gradient_of_the_loop(self):
-        # A stand-in with the kernel's call and, like a GPU kernel, no
-        # gradient of its own.
+    def test_training_runs_the_sinkhorn_loop_and_inference_the_kernel(self):
+        # A stand-in with the kernel's call, counting its launches; like a
+        # GPU kernel, it has no gradient. The GPU path is forced.
+        launches = []
+
         def kernel(inputs, template, **kwargs):
             comb, eps = inputs
             iters = dict(template)["ITERS"]
-            out = deepseek_v41._sinkhorn_ops(comb, iters=iters, eps=eps)
+            launches.append(comb.shape)
+            out = deepseek_v41._sinkhorn(comb, iters=iters, eps=eps, use_kernel=False)
             return [mx.stop_gradient(out)]
 
+        def loss(model, tokens):
+            return model(tokens).astype(mx.float32).mean()
+
         mx.random.seed(0)
-        logits = mx.random.normal((2, 3, 4, 4))
-        eps = mx.array([1e-6])
-        weights = mx.random.normal((2, 3, 4, 4))
+        v41 = deepseek_v41.Model(tiny_args())
+        v4 = make_tiny_model()
+        tokens = mx.random.randint(0, 64, (1, 16))
+        for name, model in (("v4.1", v41), ("v4", v4)):
+            # 16 tokens, and 4: the decode step's compiled call in V4.
+            for length in (16, 4):
+                with self.subTest(model=name, tokens=length), patch.object(
+                    deepseek_v41, "_sinkhorn_kernel", kernel
+                ), patch.object(mx, "default_device", return_value=mx.gpu):
+                    inputs = tokens[:, :length]
+                    model.train()
+                    value, grads = nn.value_and_grad(model, loss)(model, inputs)
+                    mx.eval(value, grads)
+                    self.assertEqual(launches, [])
+                    grad = grads["model"]["layers"][0]["attn_hc"]["fn"]
+                    self.assertGreater(mx.abs(grad).max().item(), 0.0)
 
-        def loss(logits, sinkhorn):
-            comb = mx.softmax(logits, axis=-1) + 1e-6
-            return (sinkhorn(comb) * weights).sum()
-
-        expected = mx.grad(loss)(
-            logits, lambda c: deepseek_v41._sinkhorn_ops(c, iters=20, eps=eps)
-        )
-        with patch.object(deepseek_v41, "_sinkhorn_kernel", kernel), patch.object(
-            mx, "default_device", return_value=mx.gpu
-        ):
-            grad = mx.grad(loss)(
-                logits, lambda c: deepseek_v41._sinkhorn(c, iters=20, eps=eps)
-            )
-        self.assertGreater(mx.abs(expected).max().item(), 1e-3)
-        self.assertTrue(mx.allclose(grad, expected, atol=1e-6))
+                    model.eval()
+                    self.assertTrue(mx.allclose(loss(model, inputs), value, atol=1e-6))
+                    self.assertTrue(launches)
+                    launches.clear()
 
     def test_lora_and_full_fine_tuning_train(self):
-        args = deepseek_v41.ModelArgs(
-            vocab_size=64,
-            hidden_size=32,
-            num_hidden_layers=3,
-            num_attention_heads=2,
-            head_dim=16,
-            q_lora_rank=16,
-            qk_rope_head_dim=8,
-            o_groups=2,
-            o_lora_rank=8,
-            moe_intermediate_size=16,
-            n_routed_experts=4,
-            num_experts_per_tok=2,
-            sliding_window=4,
-            compress_ratios=(0, 2, 2),
-            kv_source_layer_ids=(1,),
-            index_source_layer_ids=(1, 2),
-            index_n_heads=2,
-            index_head_dim=16,
-            index_topk=2,
-            candidate_source_layer_id=1,
-            candidate_topk_blocks=1,
-            candidate_block_size=2,
-        )
+        args = tiny_args()
 
         class Losses(TrainingCallback):
             def __init__(self):

@@ -1,17 +1,13 @@
 # Copyright © 2026 Apple Inc.
 """The host's work of DeepSeek-V4's forwards of a few tokens (a speculative
-verify), counted in graph primitives: tests/test_deepseek_v4_verify.py's
-model and prompts."""
+verify), counted in graph primitives: the model and prompts of
+tests/test_deepseek_v4.py's test_verify_equals_one_token_steps."""
 
 import io
-import sys
 import unittest
-from pathlib import Path
 
 import mlx.core as mx
-
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
-from test_deepseek_v4_verify import TestDeepseekV4Verify  # noqa: E402
+from dsv4_fixtures import VERIFY_CONFIG, make_tiny_model, prefilled
 
 
 def primitives(model, cache, tokens):
@@ -25,9 +21,12 @@ def primitives(model, cache, tokens):
 class TestVerifySteps(unittest.TestCase):
     @classmethod
     def setUpClass(cls):
-        TestDeepseekV4Verify.setUpClass.__func__(cls)
+        cls.model = make_tiny_model(VERIFY_CONFIG)
+        mx.random.seed(1)
+        cls.tokens = mx.random.randint(2, 300, (2, 64))
 
-    prefilled = TestDeepseekV4Verify.prefilled
+    def prefilled(self, length):
+        return prefilled(self.model, self.tokens[:1, :length])
 
     def test_a_verify_costs_about_one_step(self):
         # Each forward closes a window of each compressor (one token: the

@@ -26,6 +26,7 @@ Commands (``python tools/fork.py <command> --help`` for details):
 
 import argparse
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -692,6 +693,40 @@ def sheet_block(pr, prs):
     return "\n".join(lines) + "\n"
 
 
+INDEX = SHEETS / "README.md"
+INDEX_BEGIN = "<!-- tools/fork.py series --sheets: index begin -->"
+INDEX_END = "<!-- tools/fork.py series --sheets: index end -->"
+VERDICT = re.compile(r"\*\*(merge as is|small changes|rework|decline)\*\*")
+
+
+def review_verdict(pr):
+    """The last verdict in the "## Review" section of a PR's sheet."""
+    sheet = SHEETS / f"{pr.name}.md"
+    text = sheet.read_text() if sheet.is_file() else ""
+    _, _, review = text.partition("\n## Review\n")
+    found = VERDICT.findall(review)
+    return found[-1] if found else "not reviewed"
+
+
+def index_block(prs):
+    """The sheets' index, one table per track, the upstream track first."""
+    lines = [INDEX_BEGIN]
+    for track in assemble.TRACKS:
+        ours = [p for p in prs if p.track == track]
+        lines += ["", f"### The {track} track ({len(ours)} PRs)", ""]
+        lines += ["| # | sheet | title | depends on | size | review |"]
+        lines += ["|---|---|---|---|---|---|"]
+        for i, p in enumerate(ours, 1):
+            files, added, removed = pr_size(p)
+            deps = ", ".join(p.depends) or "nothing"
+            lines.append(
+                f"| {i} | [{p.name}]({p.name}.md) | {p.title} | {deps} | "
+                f"{files} files, +{added} / -{removed} | {review_verdict(p)} |"
+            )
+    lines.append(INDEX_END)
+    return "\n".join(lines)
+
+
 def write_sheets(prs=None):
     """Refresh the generated block of every PR's sheet (docs/upstream/<pr>.md);
     a missing sheet is started. Returns the sheets written."""
@@ -713,6 +748,13 @@ def write_sheets(prs=None):
         if not sheet.is_file() or sheet.read_text() != text:
             sheet.write_text(text)
             written.append(str(sheet.relative_to(ROOT)))
+    text = INDEX.read_text()
+    if INDEX_BEGIN in text:
+        i, j = text.index(INDEX_BEGIN), text.index(INDEX_END) + len(INDEX_END)
+        new = text[:i] + index_block(prs) + text[j:]
+        if new != text:
+            INDEX.write_text(new)
+            written.append(str(INDEX.relative_to(ROOT)))
     return written
 
 

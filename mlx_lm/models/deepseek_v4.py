@@ -20,9 +20,9 @@ from .cache import (
 from .deepseek_v41 import (
     DeepseekV41SwiGLU,
     SharedMLP,
-    _collapse,
-    _expand,
-    _mixes,
+    collapse,
+    expand,
+    mixes,
 )
 from .pipeline import PipelineMixin
 from .rope_utils import YarnRoPE
@@ -31,14 +31,11 @@ from .switch_layers import SwitchGLU, SwitchLinear
 SLIDING = "sliding_attention"
 CSA = "compressed_sparse_attention"
 HCA = "heavily_compressed_attention"
-# A prompt's queries attend in blocks of this many, each block to the keys
-# its window spans.
+# A prompt's queries attend in blocks of this many.
 _QUERY_BLOCK = 128
-# Queries that pick their own top-k entries do so in blocks of this many.
 _TOP_K_BLOCK = 512
-# A forward of at most this many tokens (a decode step, or a speculative
-# verify of the tokens drafted after one) takes the decode step's path: its
-# compiled helpers, the heads of its queries as the rows of one matmul.
+# A forward of at most this many tokens (a decode step or a verify) takes the
+# decode step's path.
 _STEP_ROWS = 8
 
 # For checkpoints without a chat template (a bundled one replaces the encoder).
@@ -98,8 +95,7 @@ class ModelArgs(BaseModelArgs):
         rates = {CSA: 4, HCA: 128}
         ratios = self.compress_ratios
         if ratios is not None:
-            # DeepSeek's list may end with the MTP layer's ratio; ratio 4 is
-            # overlapped and indexed, any other heavily compressed.
+            # DeepSeek's list may end with the MTP layer's ratio.
             if len(ratios) < n:
                 raise ValueError(f"`compress_ratios` needs {n} ratios: {ratios}.")
             ratios = ratios[:n]
@@ -205,8 +201,7 @@ def _rope(x, freqs, offset, scale=1.0):
     )
 
 
-# Helpers with shape arithmetic compile for decode steps only: their shapes
-# repeat, while each new prompt length would keep a compiled trace.
+# Compiled for decode steps only: each prompt length would keep a trace.
 _rope_step = mx.compile(_rope)
 
 
@@ -245,8 +240,7 @@ def _pool(
     kv = mx.take_along_axis(buf_kv, idx, axis=1).reshape(shape)
     gate = mx.take_along_axis(buf_gate, idx, axis=1).reshape(shape) + ape
     if overlap:
-        # Entry w pools the first half of window w - 1 and the second
-        # half of window w; nothing comes before position 0.
+        # Entry w pools the first half of window w - 1 and the second of w.
         d = norm_weight.shape[0]
         early = (pos < 0).reshape(*shape[:3], 1)[:, :-1]
         kv_a = mx.where(early, 0, kv[:, :-1, :, :d])
@@ -290,10 +284,7 @@ class Indexer(nn.Module):
         q = self.wq_b(qr).reshape(batch, length, self.n_heads, self.head_dim)
         rope = _rope_step if length <= _STEP_ROWS else _rope
         q = rope(q.transpose(0, 2, 1, 3), self._freqs, rows.shift)
-        # In the keys' dtype, heads next to the entries [B, L, heads, n]: a
-        # float32 copy of the whole pool per step costs more than it gains
-        # (DeepSeek's code even rounds these to fp4). A prompt's queries go
-        # in blocks, so the scores of a long context stay small.
+        # In the keys' dtype: a float32 copy of the pool costs more than it gains.
         q = q.swapaxes(1, 2).astype(keys.dtype)
         keys = keys[:, None, :n].swapaxes(-1, -2)
         weights = self.weights_proj(x)
@@ -371,9 +362,7 @@ class Attention(nn.Module):
         q = rope(q, self._freqs, rows.shift)
         kv = rope(self.kv_norm(self.wkv(x)), self._freqs, rows.shift)
 
-        # One attention over the keys of the window and the compressed keys,
-        # each query masked to what it sees, with the sink in the softmax:
-        # the whole visible HCA pool, or a CSA query's top-k entries.
+        # Keys: the window, then the visible HCA pool or a CSA query's top-k.
         window = cache.update_and_fetch(kv, rows)
         pool = seen = chosen = None
         if self.kind != SLIDING:
@@ -384,7 +373,6 @@ class Attention(nn.Module):
             if chosen is not None:
                 pool, seen = entries, chosen < visible[..., None]
             elif n > 0:
-                # Every visible entry: the layers of a ratio share the mask.
                 pool = entries[:, :n]
         if chosen is not None and length > 1:
             out = self._sparse(q, window, pool, chosen, seen, rows)
@@ -412,10 +400,7 @@ class Attention(nn.Module):
             else:
                 mask = mx.concatenate([rows.window_mask(sizes), seen], axis=-1)
             if length <= _STEP_ROWS:
-                # One key head: the heads' queries are the rows of one matmul,
-                # row h * length + i head h's query i (sdpa has no kernel for
-                # so many heads a key head; its fallback broadcasts the keys
-                # to every head in twice the primitives).
+                # The heads' queries as the rows of one matmul (one key head).
                 scores = q.reshape(batch, heads * length, dims) @ keys.swapaxes(-1, -2)
                 if length == 1:
                     weights = _sink_softmax(scores, mask, self.attn_sink, self.scale)
@@ -463,7 +448,6 @@ class Attention(nn.Module):
         of queries at a time); the heads of a token are the queries of its
         keys."""
         length = q.shape[2]
-        # The buffer keeps ``capacity`` slots and one more before the rows.
         capacity = window.shape[1] - 1 - length
         index, valid = rows.window_rows((self.window, capacity))
         q = q.swapaxes(1, 2)
@@ -492,24 +476,14 @@ class Attention(nn.Module):
         # Undo the keys' rotation at the query position.
         rope = _rope_step if length <= _STEP_ROWS else _rope
         out = rope(out, self._inverse_freqs, rows.shift)
-        # Each group of heads has its own projection: [B, groups, L, dims]
-        # (one token: the heads are in the groups' order already).
-        plain = isinstance(self.wo_a, SwitchLinear)
+        # Each group of heads has its own projection: [B, groups, L, dims].
         if length == 1:
             out = out.reshape(batch, self.o_groups, 1, -1)
-        elif length <= _STEP_ROWS and plain:
-            # A few tokens: each token's groups as one token's are, [B, L,
-            # groups, 1, dims] (one transpose fewer than a prompt's).
-            out = out.swapaxes(1, 2).reshape(batch, length, self.o_groups, 1, -1)
-            out = out @ self.wo_a.weight.swapaxes(-1, -2)
-            return self.wo_b(out.reshape(batch, length, -1))
         else:
             out = out.swapaxes(1, 2).reshape(batch, length, self.o_groups, -1)
             out = out.swapaxes(1, 2)
-        # Plain weights as one batched matmul: gather_mm of whole groups
-        # needs a JIT-compiled kernel on CUDA; quantized ones go through
-        # gather_qmm (and LoRA through its own call).
-        if plain:
+        # Plain weights as one matmul (gather_mm of whole groups JITs on CUDA).
+        if isinstance(self.wo_a, SwitchLinear):
             out = out @ self.wo_a.weight.swapaxes(-1, -2)
         else:
             out = self.wo_a(out, self._group_ids)
@@ -562,14 +536,12 @@ class Router(nn.Module):
     ) -> tuple[mx.array, mx.array]:
         hashed = "tid2eid" in self
         choice = self.tid2eid[input_ids] if hashed else self.e_score_correction_bias
-        route = _route_step if x.shape[-2] <= _STEP_ROWS else _route
         args = self.top_k, self.gate_temp, self.norm_topk_prob, self.route_scale
-        return route(x, self.weight, choice, hashed, *args)
+        return _route(x, self.weight, choice, hashed, *args)
 
 
 def _route(x, weight, choice, hashed, top_k, temp, norm, scale):
     logits = x.astype(mx.float32) @ weight.astype(mx.float32).T
-    # ModelArgs takes sqrtsoftplus scores only.
     scores = mx.sqrt(nn.softplus(logits / temp))
     if hashed:
         chosen = choice
@@ -582,9 +554,6 @@ def _route(x, weight, choice, hashed, top_k, temp, norm, scale):
     if norm and top_k > 1:
         weights = weights / (mx.sum(weights, axis=-1, keepdims=True) + 1e-20)
     return chosen, weights * scale
-
-
-_route_step = mx.compile(_route)
 
 
 class HashTablesFrozen:
@@ -635,8 +604,8 @@ class HyperConnection(deepseek_v41.HyperConnection):
         """The streams mixed into one, and the post and comb mixes."""
         if streams.shape[1] <= _STEP_ROWS:
             # A decode step in one compiled call (its shapes repeat).
-            args = self._args(), self.iters, self.hc_eps, self.norm_eps
-            return _mix_and_collapse(streams, *args[0], *args[1:])
+            args = self.iters, self.hc_eps, self.norm_eps, not self.training
+            return _mix_and_collapse(streams, *self._args(), *args)
         pre, post, comb = self(streams)
         weights = [pre[:, :, i] for i in range(self.hc)]
         parts = [streams[:, :, i] for i in range(self.hc)]
@@ -653,11 +622,11 @@ class HyperConnection(deepseek_v41.HyperConnection):
 
 @mx.compile
 def _mix_and_collapse(streams, *args):
-    pre, post, comb = _mixes(streams, *args)
-    return _collapse(streams, pre), post, comb
+    pre, post, comb = mixes(streams, *args)
+    return collapse(streams, pre), post, comb
 
 
-_compiled_expand = mx.compile(_expand, shapeless=True)
+_compiled_expand = mx.compile(expand, shapeless=True)
 
 
 def _weighted_sum(weights, streams):
@@ -670,13 +639,13 @@ def _weighted_sum(weights, streams):
 
 @partial(mx.compile, shapeless=True)
 def _collapse_by_stream(weights, streams):
-    """``_collapse`` one stream at a time: no float32 copy of the streams."""
+    """``collapse`` one stream at a time: no float32 copy of the streams."""
     return _weighted_sum(weights, streams).astype(streams[0].dtype)
 
 
 @partial(mx.compile, shapeless=True)
 def _expand_by_stream(x, post, comb_rows, streams):
-    """``_expand`` one input stream at a time: no [B, L, hc, hc, D] product."""
+    """``expand`` one input stream at a time: no [B, L, hc, hc, D] product."""
     mixed = _weighted_sum(comb_rows, streams)
     out = mx.expand_dims(post, -1) * mx.expand_dims(x, -2) + mixed
     return out.astype(streams[0].dtype)
@@ -720,7 +689,7 @@ class HyperHead(nn.Module):
         flat = h.reshape(*h.shape[:2], -1).astype(mx.float32)
         flat = mx.fast.rms_norm(flat, None, self.norm_eps)
         pre = mx.sigmoid((flat @ self.fn.T) * self.scale + self.base) + self.eps
-        return _collapse(h, pre)
+        return collapse(h, pre)
 
 
 def _cache_arrays(cache: List[WindowCompressorCache]) -> List[mx.array]:
@@ -745,7 +714,7 @@ class DeepseekV4Model(PipelineMixin, nn.Module):
         batch, length, dims = h.shape
         h = mx.broadcast_to(h[:, :, None], (batch, length, self.hc_mult, dims))
         # Every layer's cache holds the same rows.
-        rows = cache[0].make_mask(length, batch)
+        rows = cache[0].forward_rows(length, batch)
         rank, size = self.pipeline_rank, self.pipeline_size
         h = mx.distributed.recv_like(h, rank + 1) if rank < size - 1 else h
         for layer, layer_cache in zip(self.pipeline_layers, cache):
@@ -797,8 +766,7 @@ def _repack(weight: mx.array, scale: mx.array, block=(32, 32)) -> tuple:
     return weight.view(mx.uint32), scale
 
 
-# Checkpoint names (DeepSeek's release, transformers' save_pretrained, early
-# MLX uploads) and this model's.
+# Checkpoint names (DeepSeek's, transformers', early MLX uploads) to this model's.
 _RENAMES = tuple(
     (re.compile(old), new)
     for old, new in (
@@ -868,8 +836,6 @@ class Model(HashTablesFrozen, nn.Module):
                 f"{', '.join(bad)}."
             )
 
-        # The axis of each parameter that ranks split: wo_a's groups and the
-        # sinks of their heads; the experts' hidden units.
         attn_axes = {"wo_a": 0, "attn_sink": 0}
         ffn_axes = {"gate_proj": -2, "up_proj": -2, "down_proj": -1}
 

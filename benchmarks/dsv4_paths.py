@@ -1,0 +1,343 @@
+# Copyright © 2026 Apple Inc.
+"""What each forward path of DeepSeek-V4 gains, measured in one process.
+
+Each path beyond the base (one ``scaled_dot_product_attention`` a layer,
+uncompiled helpers) is timed as it is and disabled by patching the model's
+module: a compiled helper replaced by its plain function, ``_STEP_ROWS`` set
+to 1, ``_QUERY_BLOCK`` made huge, the CSA gather replaced by a mask over the
+whole pool, ... The two variants alternate, ``--runs`` times each, on copies
+of one cache holding ``--context`` tokens: a decode step (1 token), a verify
+of 2, 4 or 8 tokens, a prefill chunk of ``--chunk`` tokens. Each row: the
+path, the workload, ms with and without it (min / median / max), the ratio of
+the medians (without / with: above 1, the path gains) and, for prefill
+chunks, the peak memory of each.
+
+    python benchmarks/dsv4_paths.py --tiny --layers 43 --dtype float32  # CPU
+    python benchmarks/dsv4_paths.py --layers 43                # Flash's widths
+
+A path the model no longer has is listed as removed.
+"""
+
+import argparse
+import contextlib
+import importlib.util
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import mlx.core as mx
+from mlx.utils import tree_flatten
+
+sys.path.insert(0, str(Path(__file__).parent))
+from dsv4_speed import make_config, make_fork  # noqa: E402
+
+import mlx_lm.models.deepseek_v4 as dsv4  # noqa: E402
+
+HUGE = 1 << 30
+
+
+def plain_module():
+    """A second copy of the model's module, built with ``mx.compile`` as the
+    identity: its helpers are the plain functions of the compiled ones."""
+    spec = importlib.util.find_spec("mlx_lm.models.deepseek_v4")
+    plain = importlib.util.spec_from_file_location(
+        "mlx_lm.models._deepseek_v4_plain", spec.origin
+    )
+    module = importlib.util.module_from_spec(plain)
+    compile_ = mx.compile
+    mx.compile = lambda f=None, **kwargs: (lambda g: g) if f is None else f
+    try:
+        plain.loader.exec_module(module)
+    finally:
+        mx.compile = compile_
+    return module
+
+
+PLAIN = plain_module()
+
+
+@contextlib.contextmanager
+def patched(owner, **values):
+    """``owner``'s attributes set to ``values`` for the duration."""
+    old = {k: getattr(owner, k) for k in values}
+    for k, v in values.items():
+        setattr(owner, k, v)
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            setattr(owner, k, v)
+
+
+def plain_helpers(*names):
+    """Disable: the compiled helpers ``names`` as their plain functions."""
+    return lambda: patched(dsv4, **{n: getattr(PLAIN, n) for n in names})
+
+
+def wrap_method(cls, name, **module_values):
+    """Disable: ``cls.name`` runs with the module's globals ``module_values``
+    (e.g. ``_STEP_ROWS = 0`` inside ``Attention._dense`` only)."""
+    method = getattr(cls, name)
+
+    def inner(self, *args, **kwargs):
+        with patched(dsv4, **module_values):
+            return method(self, *args, **kwargs)
+
+    return lambda: patched(cls, **{name: inner})
+
+
+def sparse_as_mask():
+    """Disable ``_sparse``: a CSA query's top-k entries as a mask over the
+    whole pool on the ``_dense`` path."""
+
+    def masked(self, q, window, pool, chosen, seen, rows):
+        n, _ = rows.entries(self.compressor.ratio)
+        batch, length, _ = chosen.shape
+        mask = mx.zeros((batch, length, n), dtype=mx.bool_)
+        mask = mx.put_along_axis(mask, mx.minimum(chosen, n - 1), seen, axis=-1)
+        return self._dense(q, window, pool[:, :n], mask, rows)
+
+    return patched(dsv4.Attention, _sparse=masked)
+
+
+def hc_whole():
+    """Disable the by-stream hyper-connections of L > 8: the whole
+    [B, L, hc, ...] products of V4.1's ``collapse`` and ``expand``."""
+    cls = dsv4.HyperConnection
+    collapse, expand = cls.collapse, cls.expand
+
+    def whole_collapse(self, streams):
+        if streams.shape[1] <= dsv4._STEP_ROWS:
+            return collapse(self, streams)
+        pre, post, comb = self(streams)
+        return dsv4.collapse(streams, pre), post, comb
+
+    def whole_expand(self, x, streams, post, comb):
+        if streams.shape[1] <= dsv4._STEP_ROWS:
+            return expand(self, x, streams, post, comb)
+        return dsv4.expand(x, streams, post, comb)
+
+    return patched(cls, collapse=whole_collapse, expand=whole_expand)
+
+
+# name, what disabling it does, the names the path needs, the workloads, and
+# how to disable it.
+PATHS = [
+    (
+        "step rows (L 2-8)",
+        "_STEP_ROWS = 1",
+        ["_STEP_ROWS"],
+        ["verify2", "verify4", "verify8"],
+        lambda: patched(dsv4, _STEP_ROWS=1),
+    ),
+    (
+        "heads as rows",
+        "sdpa in _dense",
+        ["_STEP_ROWS"],
+        ["decode", "verify2", "verify8"],
+        lambda: wrap_method(dsv4.Attention, "_dense", _STEP_ROWS=0)(),
+    ),
+    (
+        "_output per token",
+        "prompt layout in _output",
+        ["_STEP_ROWS", "_rope_step"],
+        ["verify2", "verify8"],
+        lambda: wrap_method(
+            dsv4.Attention, "_output", _STEP_ROWS=0, _rope=dsv4._rope_step
+        )(),
+    ),
+    (
+        "compiled _sink_softmax",
+        "plain",
+        ["_sink_softmax", "_rows_sink_softmax"],
+        ["decode", "verify8", "prefill"],
+        plain_helpers("_sink_softmax", "_rows_sink_softmax"),
+    ),
+    (
+        "compiled _rope_step",
+        "plain _rope",
+        ["_rope_step"],
+        ["decode", "verify8"],
+        plain_helpers("_rope_step"),
+    ),
+    (
+        "compiled _pool_step",
+        "plain _pool",
+        ["_pool_step"],
+        ["decode", "verify8"],
+        plain_helpers("_pool_step"),
+    ),
+    (
+        "compiled _route_step",
+        "plain _route",
+        ["_route_step"],
+        ["decode", "verify8"],
+        plain_helpers("_route_step"),
+    ),
+    (
+        "compiled hc (L <= 8)",
+        "plain",
+        ["_mix_and_collapse", "_compiled_expand"],
+        ["decode", "verify8"],
+        plain_helpers("_mix_and_collapse", "_compiled_expand"),
+    ),
+    (
+        "hc by stream (L > 8)",
+        "V4.1's whole products",
+        ["_collapse_by_stream"],
+        ["prefill"],
+        hc_whole,
+    ),
+    (
+        "compiled hc by stream",
+        "plain",
+        ["_collapse_by_stream", "_expand_by_stream"],
+        ["prefill"],
+        plain_helpers("_collapse_by_stream", "_expand_by_stream"),
+    ),
+    (
+        "query blocks (L > 128)",
+        "_QUERY_BLOCK huge",
+        ["_QUERY_BLOCK"],
+        ["prefill"],
+        lambda: patched(dsv4, _QUERY_BLOCK=HUGE),
+    ),
+    (
+        "CSA _sparse gather",
+        "top-k as a mask, _dense",
+        ["_TOP_K_BLOCK"],
+        ["verify8", "prefill"],
+        sparse_as_mask,
+    ),
+    (
+        "top-k in blocks of 512",
+        "_TOP_K_BLOCK huge",
+        ["_TOP_K_BLOCK"],
+        ["prefill"],
+        lambda: patched(dsv4, _TOP_K_BLOCK=HUGE),
+    ),
+    (
+        "compiled _index_scores",
+        "plain",
+        ["_index_scores"],
+        ["decode", "verify8", "prefill"],
+        plain_helpers("_index_scores"),
+    ),
+]
+
+
+def arrays(cache):
+    return [
+        a for _, a in tree_flatten([c.state for c in cache]) if isinstance(a, mx.array)
+    ]
+
+
+class Bench:
+    def __init__(self, model, context, chunk, prefill_step, seed):
+        self.model = model
+        vocab = model.args.vocab_size
+        mx.random.seed(seed)
+        tokens = mx.random.randint(0, vocab, (context + chunk,)).astype(mx.int32)
+        self.cache = model.make_cache()
+        for i in range(0, context, prefill_step):
+            model(tokens[None, i : min(i + prefill_step, context)], self.cache)
+            mx.eval(arrays(self.cache))
+        rest = tokens[context:]
+        self.inputs = {
+            "decode": rest[None, :1],
+            "verify2": rest[None, :2],
+            "verify4": rest[None, :4],
+            "verify8": rest[None, :8],
+            "prefill": rest[None, :chunk],
+        }
+
+    def time(self, workload):
+        """ms of one forward on a copy of the context's cache, and the peak
+        memory above what was in use before it (MB)."""
+        cache = [c.copy() for c in self.cache]
+        mx.eval(arrays(cache))
+        mx.clear_cache()
+        mx.reset_peak_memory()
+        base = mx.get_active_memory()
+        tic = time.perf_counter()
+        mx.eval(self.model(self.inputs[workload], cache))
+        ms = 1e3 * (time.perf_counter() - tic)
+        return ms, (mx.get_peak_memory() - base) / 2**20
+
+
+def spread(values):
+    return min(values), statistics.median(values), max(values)
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=43, help="43: Flash's schedule")
+    parser.add_argument("--experts", type=int, default=8)
+    parser.add_argument("--tiny", action="store_true", help="tiny widths for a CPU")
+    parser.add_argument(
+        "--context", type=int, help="tokens before (tiny 256, else 4096)"
+    )
+    parser.add_argument("--chunk", type=int, help="prefill chunk (tiny 256, else 2048)")
+    parser.add_argument("--prefill-step", type=int, default=2048)
+    parser.add_argument("--dtype", default="bfloat16")
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--only", help="paths whose name contains this text")
+    args = parser.parse_args()
+    context = args.context or (256 if args.tiny else 4096)
+    chunk = args.chunk or (256 if args.tiny else 2048)
+
+    config = make_config(args)
+    model = make_fork(config, dtype=getattr(mx, args.dtype), seed=args.seed)
+    print(
+        f"DeepSeek-V4 paths: {config['num_hidden_layers']} layers, hidden "
+        f"{config['hidden_size']}, {config['num_attention_heads']} heads x "
+        f"{config['head_dim']}, {config['n_routed_experts']} experts, "
+        f"{args.dtype}, {mx.default_device()}; context {context}, chunk {chunk}, "
+        f"{args.runs} runs alternated; ratio = without / with (medians)"
+    )
+    bench = Bench(model, context, chunk, args.prefill_step, args.seed)
+    header = (
+        "| path | disabled as | workload | ms with (min/med/max) "
+        "| ms without (min/med/max) | ratio | peak MB with / without |"
+    )
+    print(header)
+    print("|---|---|---|---|---|---:|---|")
+    for name, disabled, needs, workloads, disable in PATHS:
+        if args.only and args.only not in name:
+            continue
+        missing = [n for n in needs if not hasattr(dsv4, n)]
+        if missing:
+            print(f"| {name} | removed ({', '.join(missing)}) | | | | | |")
+            continue
+        for workload in workloads:
+            runs = {True: [], False: []}
+            # One warm-up each (compiled traces), then alternated runs.
+            for i in range(args.runs + 1):
+                order = (True, False) if i % 2 == 0 else (False, True)
+                for on in order:
+                    if on:
+                        result = bench.time(workload)
+                    else:
+                        with disable():
+                            result = bench.time(workload)
+                    if i > 0:
+                        runs[on].append(result)
+            ms = {on: spread([r[0] for r in runs[on]]) for on in runs}
+            peak = {on: max(r[1] for r in runs[on]) for on in runs}
+            ratio = ms[False][1] / ms[True][1]
+            peaks = (
+                f"{peak[True]:.0f} / {peak[False]:.0f}" if workload == "prefill" else ""
+            )
+            print(
+                f"| {name} | {disabled} | {workload} "
+                f"| {'/'.join(f'{v:.1f}' for v in ms[True])} "
+                f"| {'/'.join(f'{v:.1f}' for v in ms[False])} "
+                f"| {ratio:.2f} | {peaks} |",
+                flush=True,
+            )
+
+
+if __name__ == "__main__":
+    main()
