@@ -174,7 +174,8 @@ TAIL = "<｜User｜>Hi<｜Assistant｜><think>"
 class TestDeepseekV4ChatSweep(unittest.TestCase):
 
     def test_more_conversations_render_as_deepseeks_encoder(self):
-        self.assertEqual(len(CASES) + len(MORE_CASES), 52)
+        # The 52nd, tool results in parts: tests/test_deepseek_v4_chat_server.py.
+        self.assertEqual(len(CASES) + len(MORE_CASES), 51)
         for name, messages, kwargs in MORE_CASES:
             with self.subTest(name):
                 kwargs = {"add_generation_prompt": True, **kwargs}
@@ -239,8 +240,10 @@ class TestDeepseekV4ChatFormat(unittest.TestCase):
             (original, None, ""),
             (dspark, "max", REASONING_EFFORT_BEYOND),
             (dspark, "high", REASONING_EFFORT_HIGH),
-            (dspark, "medium", ""),
-            (dspark, None, ""),
+            # DeepSeek's API: "medium" and none given are 0731's "high".
+            (dspark, "medium", REASONING_EFFORT_HIGH),
+            (dspark, "low", ""),
+            (dspark, None, REASONING_EFFORT_HIGH),
             (own, "max", REASONING_EFFORT_HIGH),
         ]:
             with self.subTest(effort=effort, path=tokenizer.name_or_path):

@@ -10,8 +10,12 @@ added tokens.
 
 import argparse
 import http.server
+import importlib
 import importlib.util
+import io
 import json
+import shutil
+import sys
 import tempfile
 import threading
 import unittest
@@ -709,6 +713,59 @@ class TestDeepseekV4ChatLoad(unittest.TestCase):
         messages = [{"role": "user", "content": "fox"}]
         self.assertEqual(tokenizer.apply_chat_template(messages, tokenize=False), "fox")
         self.assertIs(tokenizer.tool_parser, tool_parser.parse_tool_call)
+
+    def test_the_commands_render_what_the_server_renders_without_an_effort(self):
+        # The prompt each of mlx_lm.generate, mlx_lm.chat and mlx_lm.server
+        # renders for "Hi" and no reasoning_effort, in both chat formats.
+        from mlx_lm.chat_templates.deepseek_v4 import REASONING_EFFORT_HIGH
+
+        tmp = tempfile.TemporaryDirectory()
+        self.addCleanup(tmp.cleanup)
+        folder_0731 = Path(tmp.name) / "0731"
+        shutil.copytree(self.path, folder_0731)
+        (folder_0731 / "encoding").mkdir()
+        (folder_0731 / "encoding" / "encoding_dsv4.py").write_text(
+            "PROMPT = 'Reasoning Effort: Beyond maximum'\n"
+        )
+        render = TokenizerWrapper.apply_chat_template
+        bos, turn = "<｜begin▁of▁sentence｜>", "<｜User｜>Hi<｜Assistant｜><think>"
+        for path, prompt in [(self.path, ""), (folder_0731, REASONING_EFFORT_HIGH)]:
+            prompts = {}
+
+            def record(name):
+                def apply(tokenizer, messages, tokenize=True, **kwargs):
+                    text = render(tokenizer, messages, tokenize=False, **kwargs)
+                    prompts.setdefault(name, text)
+                    return render(tokenizer, messages, tokenize=tokenize, **kwargs)
+
+                return mock.patch.object(TokenizerWrapper, "apply_chat_template", apply)
+
+            for name, argv, stdin in [
+                ("generate", ["-p", "Hi", "-m", "1"], ""),
+                ("chat", ["--max-tokens", "1"], "Hi\nq\n"),
+            ]:
+                command = importlib.import_module(f"mlx_lm.{name}")
+                argv = [f"mlx_lm.{name}", "--model", str(path), *argv]
+                with record(name), mock.patch.object(sys, "argv", argv):
+                    with mock.patch("sys.stdin", io.StringIO(stdin)):
+                        with mock.patch("sys.stdout", io.StringIO()):
+                            command.main()
+            # The server's rendering, with its default arguments.
+            cli_args = argparse.Namespace(chat_template_args={})
+            server = argparse.Namespace(
+                model_provider=argparse.Namespace(processor=None, cli_args=cli_args)
+            )
+            _, tokenizer = load(str(path))
+            messages = [{"role": "user", "content": "Hi"}]
+            request = CompletionRequest("chat", "", messages, None, None)
+            args = argparse.Namespace(chat_template_kwargs=None)
+            with record("server"):
+                ResponseGenerator._tokenize(server, tokenizer, request, args)
+            with self.subTest(path=path.name):
+                self.assertEqual(
+                    prompts,
+                    dict.fromkeys(["generate", "chat", "server"], bos + prompt + turn),
+                )
 
 
 if __name__ == "__main__":

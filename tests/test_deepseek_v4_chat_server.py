@@ -11,6 +11,7 @@ from mlx_lm.generate import TextStateMachine, make_text_state_machine
 from mlx_lm.server import CompletionRequest, ResponseGenerator, ToolCallFormatter
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_tokenizer
+from test_deepseek_v4_chat import ASK, CALLS, TOOLS, TOOLS_BLOCK, tool
 
 from mlx_lm.chat_templates.deepseek_v4 import (
     apply_chat_template,
@@ -95,6 +96,15 @@ class TestDeepseekV4ChatServer(unittest.TestCase):
             for size in (len(reply), 1, 5):
                 with self.subTest(reply, size=size):
                     self.assertEqual(self.reply(reply, size), (content, seoul))
+
+    def test_tool_results_in_parts_render_as_deepseeks_encoder(self):
+        parts = tool([{"type": "text", "text": t} for t in ("Sunny", "22 C")], "call_1")
+        out = apply_chat_template(
+            [ASK, CALLS, parts], tools=TOOLS, add_generation_prompt=True
+        )
+        # Rendered by DeepSeek's encoding/encoding_dsv4.py (sha256 bdbd57c1...5055e0).
+        want = '<｜begin▁of▁sentence｜>\n\n⟦tools⟧<｜User｜>Weather in Paris?<｜Assistant｜><think>Ask the tool.</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>Sunny\n\n22 C</tool_result><｜Assistant｜><think>'
+        self.assertEqual(out, want.replace("⟦tools⟧", TOOLS_BLOCK))
 
     def test_tool_results_in_parts_are_joined_as_deepseek_joins_them(self):
         call = {"name": "get_weather", "arguments": '{"city": "Paris"}'}

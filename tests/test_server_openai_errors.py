@@ -4,11 +4,20 @@ import importlib.util
 import unittest
 from unittest import mock
 
-from server_fixture import ServerTestCase, user
+from server_fixture import CHAT_TEMPLATE, ServerTestCase, user
 
 from mlx_lm.models import llama
 
 HAS_OPENAI = importlib.util.find_spec("openai") is not None
+
+# A template that reads reasoning_effort and rejects values it does not know
+# (as DeepSeek-V4's does).
+EFFORT_TEMPLATE = (
+    "{% if reasoning_effort is defined and reasoning_effort not in "
+    "['low', 'medium', 'high'] %}"
+    "{{ raise_exception('Unknown reasoning_effort: ' + reasoning_effort) }}"
+    "{% endif %}" + CHAT_TEMPLATE
+)
 
 
 @unittest.skipUnless(HAS_OPENAI, "the openai client")
@@ -61,6 +70,29 @@ class TestServerOpenAIErrors(ServerTestCase):
                 list(self.create(stream=True))
             self.assertIn("the forward pass broke", e.exception.message)
         self.assertEqual(self.create().usage.completion_tokens, 3)
+
+
+@unittest.skipUnless(HAS_OPENAI, "the openai client")
+class TestServerOpenAIErrorsOfTheTemplate(ServerTestCase):
+    tokenizer_args = {"chat_template": EFFORT_TEMPLATE}
+    setUp = TestServerOpenAIErrors.setUp
+    create = TestServerOpenAIErrors.create
+
+    def test_a_reasoning_effort_the_template_rejects_is_named(self):
+        def effort(value):
+            return {"chat_template_kwargs": {"reasoning_effort": value}}
+
+        with self.assertRaises(self.openai.BadRequestError) as e:
+            self.create(extra_body=effort("lowest"))
+        self.assertIn("Unknown reasoning_effort: lowest", e.exception.message)
+        self.assertEqual(e.exception.param, "reasoning_effort")
+        # Rejected without it too (a role it does not know), it is not named.
+        with self.assertRaises(self.openai.BadRequestError) as e:
+            bot = [{"role": "bot", "content": "Hi"}]
+            self.create(messages=bot, extra_body=effort("lowest"))
+        self.assertIsNone(e.exception.param)
+        response = self.create(extra_body=effort("high"))
+        self.assertEqual(response.usage.completion_tokens, 3)
 
 
 if __name__ == "__main__":

@@ -8,12 +8,11 @@ of their own: they are folded into the next user turn. ``tools`` and
 there is none); ``tools`` given on a system or developer message are kept.
 
 Two chat formats differ only in reasoning effort: the first release's
-(``"original"``) and that of V4-Flash-0731 and V4-Pro-0813 (``"0731"``).
+(``"original"``) and that of V4-Flash-0731 and V4-Pro-0813 (``"0731"``),
+picked with the ``chat_format`` keyword.
 """
 
-import functools
 import json
-from pathlib import Path
 from typing import Any, Dict, List, Optional
 
 from .deepseek_v32 import to_json
@@ -74,60 +73,6 @@ REASONING_EFFORT_PROMPTS = {
     "0731": {"low": "", "high": REASONING_EFFORT_HIGH, "max": REASONING_EFFORT_BEYOND},
 }
 DEFAULT_REASONING_EFFORT = {"original": "high", "0731": "low"}
-
-# OpenAI's reasoning_effort values as vLLM maps them for each format ("none"
-# turns thinking off). The original: "xhigh" asks for "max", the rest for
-# "high"; 0731: "minimal", "low" and "medium" for "low", "xhigh" for "high".
-OPENAI_REASONING_EFFORTS = {
-    "original": {
-        "none": None,
-        "minimal": "high",
-        "low": "high",
-        "medium": "high",
-        "high": "high",
-        "xhigh": "max",
-        "max": "max",
-    },
-    "0731": {
-        "none": None,
-        "minimal": "low",
-        "low": "low",
-        "medium": "low",
-        "high": "high",
-        "xhigh": "high",
-        "max": "max",
-    },
-}
-
-
-def chat_format_of(model_path) -> str:
-    """The chat format of the checkpoint in ``model_path``: what its own
-    ``encoding/encoding_dsv4.py`` says (read as text, never run), else
-    ``"0731"`` where its config has ``dspark_*`` fields."""
-    path = Path(model_path)
-    encoder = path / "encoding" / "encoding_dsv4.py"
-    if encoder.is_file():
-        text = encoder.read_text(encoding="utf-8", errors="replace")
-        if "Reasoning Effort: Beyond maximum" in text:
-            return "0731"
-        if "REASONING_EFFORT_MAX" in text:
-            return "original"
-    try:
-        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return "original"
-    if isinstance(config, dict) and any(k.startswith("dspark_") for k in config):
-        return "0731"
-    return "original"
-
-
-def for_checkpoint(model_path):
-    """``apply_chat_template`` in the chat format of the checkpoint in
-    ``model_path`` (a ``chat_format`` keyword still overrides it)."""
-    return functools.partial(
-        apply_chat_template, chat_format=chat_format_of(model_path)
-    )
-
 
 TOOLS_TEMPLATE = """## Tools
 
@@ -230,20 +175,6 @@ def render_tool_calls(tool_calls: List[Dict[str, Any]]) -> str:
     return f"\n\n<{dsml_token}tool_calls>\n{invokes}\n</{dsml_token}tool_calls>"
 
 
-def _tool_result(content) -> str:
-    if isinstance(content, list):
-        parts = []
-        for part in content:
-            if not isinstance(part, dict):
-                raise ValueError(f"Tool result parts must be dicts, got {part!r}")
-            if part.get("type") == "text":
-                parts.append(part.get("text", ""))
-            else:
-                parts.append(f"[Unsupported {part.get('type')}]")
-        content = "\n\n".join(parts)
-    return f"<tool_result>{content}</tool_result>"
-
-
 def _merge_tool_results(messages):
     """Fold tool messages and runs of user messages into single user turns.
 
@@ -263,7 +194,7 @@ def _merge_tool_results(messages):
             else:
                 merged.append({"role": "user", "parts": [part], "index": i})
         elif role == "user":
-            part = ("text", message.get("content", ""), None)
+            part = ("user", message.get("content", ""), None)
             if last.get("role") == "user" and last.get("task") is None:
                 last["parts"].append(part)
             else:
@@ -335,12 +266,11 @@ def _render_message(i, messages, thinking, drop_thinking, last_user):
     elif role == "user":
         parts = []
         for kind, value, _ in message["parts"]:
-            if kind == "tool":
-                parts.append(_tool_result(value))
-            elif isinstance(value, str):
-                parts.append(value)
-            else:
-                raise ValueError(f"{where}: user content must be a string")
+            if not isinstance(value, str):
+                raise ValueError(f"{where}: {kind} content must be a string")
+            parts.append(
+                f"<tool_result>{value}</tool_result>" if kind == "tool" else value
+            )
         text = user_token + "\n\n".join(parts)
     elif role == "latest_reminder":
         text = f"{latest_reminder_token}{content}"
@@ -397,7 +327,6 @@ def apply_chat_template(
     reasoning_effort: Optional[str] = None,
     drop_thinking: bool = True,
     response_format: Optional[Dict[str, Any]] = None,
-    thinking: Optional[bool] = None,
     thinking_mode: Optional[str] = None,
     chat_format: str = "original",
     return_dict: bool = False,
@@ -405,11 +334,10 @@ def apply_chat_template(
 ) -> str:
     """Render ``messages`` as DeepSeek's ``encode_messages`` does.
 
-    ``enable_thinking`` (or ``thinking``, or ``thinking_mode`` ``"chat"`` or
+    ``enable_thinking`` (or DeepSeek's ``thinking_mode``, ``"chat"`` or
     ``"thinking"``) picks thinking or chat mode. ``reasoning_effort`` is one
     of DeepSeek's for the ``chat_format`` (``"original"``: ``"high"``,
-    ``"max"``; ``"0731"``: ``"low"``, ``"high"``, ``"max"``) or of OpenAI's
-    (``OPENAI_REASONING_EFFORTS``; ``"none"`` is chat mode). Earlier
+    ``"max"``; ``"0731"``: ``"low"``, ``"high"``, ``"max"``). Earlier
     reasoning is dropped unless ``drop_thinking=False`` or there are tools.
     ``continue_final_message`` leaves the final message open: an assistant
     message without its eos (DeepSeek's ``wo_eos``), a user or developer
@@ -425,11 +353,11 @@ def apply_chat_template(
             f"Unknown chat template arguments {sorted(kwargs)} for DeepSeek-V4, "
             "expected among add_generation_prompt, chat_format, "
             "continue_final_message, drop_thinking, enable_thinking, "
-            "reasoning_effort, response_format, thinking, thinking_mode, tools"
+            "reasoning_effort, response_format, thinking_mode, tools"
         )
     if return_dict:
         raise ValueError("return_dict=True is not supported: the template gives text")
-    thinking = enable_thinking if thinking is None else thinking
+    thinking = enable_thinking
     if thinking_mode is not None:
         if thinking_mode not in ("chat", "thinking"):
             raise ValueError(
@@ -443,17 +371,12 @@ def apply_chat_template(
             f"{list(REASONING_EFFORT_PROMPTS)}"
         )
     prompts = REASONING_EFFORT_PROMPTS[chat_format]
-    if reasoning_effort not in prompts and reasoning_effort is not None:
-        openai = OPENAI_REASONING_EFFORTS[chat_format]
-        if reasoning_effort not in openai:
-            raise ValueError(
-                f"Invalid reasoning_effort {reasoning_effort!r}, expected one of "
-                f"{list(openai)}"
-            )
-        if reasoning_effort == "none":
-            thinking = False
-        reasoning_effort = openai[reasoning_effort]
     reasoning_effort = reasoning_effort or DEFAULT_REASONING_EFFORT[chat_format]
+    if reasoning_effort not in prompts:
+        raise ValueError(
+            f"Invalid reasoning_effort {reasoning_effort!r} for the "
+            f"{chat_format} chat format, expected one of {list(prompts)}"
+        )
 
     messages = list(messages)
     if tools or response_format:

@@ -6,9 +6,7 @@ A block is read as DeepSeek's ``encoding_dsv4.py`` reads it: a parameter
 value runs to its ``</｜DSML｜parameter>``, so it may hold any other DSML tag.
 Since a value may hold ``</｜DSML｜tool_calls>`` too, the block has no end
 marker for the server: it runs to the end of the reply, where DeepSeek's
-format ends it. Blocks that format rejects are read leniently (``|`` for
-``｜``, a missing closing tag, closing tags cut short at the end, as quantized
-models write them), or not at all: a block is parsed whole or raises.
+format ends it. A block DeepSeek's parser rejects raises.
 """
 
 import json
@@ -88,60 +86,6 @@ def _parse_exact(text):
         i, gap, stop = _until(text, i, [invoke, block_end])
 
 
-_tag = re.compile(
-    r"<(/?)[｜|]DSML[｜|](tool_calls|invoke|parameter)"
-    r'((?:\s+\w+="[^"]*")*)\s*(?:>|\Z)'
-)
-_attr = re.compile(r'(\w+)="([^"]*)"')
-# The start of a tag cut off at the end of the text.
-_cut = re.compile(r"</?(?:[｜|](?:D(?:S(?:M(?:L(?:[｜|][a-z_]*)?)?)?)?)?)?\Z")
-
-
-def _parse_lenient(text):
-    """The calls of a block read leniently."""
-    text = _cut.sub("", text)
-    calls, call, param, pos, done = [], None, None, 0, False
-
-    def close_param(value):
-        name, string = param
-        if name in call["arguments"]:
-            raise ValueError(f"Duplicate parameter {name!r}")
-        call["arguments"][name] = _value(value, string)
-
-    for tag in _tag.finditer(text):
-        closing, kind = tag[1] == "/", tag[2]
-        between, pos = text[pos : tag.start()], tag.end()
-        if param is not None:
-            close_param(
-                between if closing and kind == "parameter" else between.rstrip("\n")
-            )
-            param = None
-            if closing and kind == "parameter":
-                continue
-        elif between.strip() or done and (closing or kind != "tool_calls"):
-            raise ValueError(f"Unexpected text in the tool calls: {between!r}")
-        attrs = dict(_attr.findall(tag[3]))
-        if kind == "invoke" and not closing:
-            if "name" not in attrs:
-                raise ValueError(f"Tool call without a name: {tag[0]!r}")
-            call = {"name": attrs["name"], "arguments": {}}
-            calls.append(call)
-        elif kind == "parameter" and not closing:
-            if call is None or "name" not in attrs:
-                raise ValueError(f"Parameter outside a tool call: {tag[0]!r}")
-            param = (attrs["name"], attrs.get("string"))
-        elif kind == "invoke":
-            call = None
-        elif kind == "tool_calls":
-            done, call = closing, None
-    rest = text[pos:]
-    if param is not None:
-        close_param(rest)
-    elif rest.strip():
-        raise ValueError(f"Unexpected text in the tool calls: {rest!r}")
-    return calls
-
-
 def parse_tool_call(
     text: str, tools: Optional[Any] = None
 ) -> dict[str, Any] | list[dict[str, Any]]:
@@ -149,9 +93,7 @@ def parse_tool_call(
     if m := _start.match(text):
         text = text[m.end() :]
     # DeepSeek's parser takes no text after the block, not even a newline.
-    calls = _parse_exact(text.rstrip())
-    if calls is None:
-        calls = _parse_lenient(text)
+    calls = _parse_exact(text)
     if not calls:
         raise ValueError("No tool call found.")
     return calls[0] if len(calls) == 1 else calls
