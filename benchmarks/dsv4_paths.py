@@ -4,18 +4,18 @@
 Each path beyond the base (one ``scaled_dot_product_attention`` a layer,
 uncompiled helpers) is timed as it is and disabled by patching the model's
 module: a compiled helper replaced by its plain function, ``_STEP_ROWS`` set
-to 1, ``_QUERY_BLOCK`` made huge, the CSA gather replaced by a mask over the
-whole pool, ... The two variants alternate, ``--runs`` times each, on copies
-of one cache holding ``--context`` tokens: a decode step (1 token), a verify
-of 2, 4 or 8 tokens, a prefill chunk of ``--chunk`` tokens. Each row: the
-path, the workload, ms with and without it (min / median / max), the ratio of
-the medians (without / with: above 1, the path gains) and, for prefill
-chunks, the peak memory of each.
+to 1, ``_QUERY_BLOCK`` made huge, ... The two variants alternate, ``--runs``
+times each, on copies of one cache holding ``--context`` tokens: a decode
+step (1 token), a verify of 2, 4 or 8 tokens, a prefill chunk of ``--chunk``
+tokens. Each row: the path, the workload, ms with and without it (min /
+median / max), the ratio of the medians (without / with: above 1, the path
+gains) and, for prefill chunks, the peak memory of each. ``--only "A|B"``
+runs the paths whose names contain A or B.
 
     python benchmarks/dsv4_paths.py --tiny --layers 43 --dtype float32  # CPU
     python benchmarks/dsv4_paths.py --layers 43                # Flash's widths
 
-A path the model no longer has is listed as removed.
+A path removed from the model is listed as removed.
 """
 
 import argparse
@@ -87,20 +87,6 @@ def wrap_method(cls, name, **module_values):
     return lambda: patched(cls, **{name: inner})
 
 
-def sparse_as_mask():
-    """Disable ``_sparse``: a CSA query's top-k entries as a mask over the
-    whole pool on the ``_dense`` path."""
-
-    def masked(self, q, window, pool, chosen, seen, rows):
-        n, _ = rows.entries(self.compressor.ratio)
-        batch, length, _ = chosen.shape
-        mask = mx.zeros((batch, length, n), dtype=mx.bool_)
-        mask = mx.put_along_axis(mask, mx.minimum(chosen, n - 1), seen, axis=-1)
-        return self._dense(q, window, pool[:, :n], mask, rows)
-
-    return patched(dsv4.Attention, _sparse=masked)
-
-
 def hc_whole():
     """Disable the by-stream hyper-connections of L > 8: the whole
     [B, L, hc, ...] products of V4.1's ``collapse`` and ``expand``."""
@@ -139,19 +125,10 @@ PATHS = [
         lambda: wrap_method(dsv4.Attention, "_dense", _STEP_ROWS=0)(),
     ),
     (
-        "_output per token",
-        "prompt layout in _output",
-        ["_STEP_ROWS", "_rope_step"],
-        ["verify2", "verify8"],
-        lambda: wrap_method(
-            dsv4.Attention, "_output", _STEP_ROWS=0, _rope=dsv4._rope_step
-        )(),
-    ),
-    (
         "compiled _sink_softmax",
         "plain",
         ["_sink_softmax", "_rows_sink_softmax"],
-        ["decode", "verify8", "prefill"],
+        ["decode", "verify8"],
         plain_helpers("_sink_softmax", "_rows_sink_softmax"),
     ),
     (
@@ -204,26 +181,20 @@ PATHS = [
         lambda: patched(dsv4, _QUERY_BLOCK=HUGE),
     ),
     (
-        "CSA _sparse gather",
-        "top-k as a mask, _dense",
-        ["_TOP_K_BLOCK"],
-        ["verify8", "prefill"],
-        sparse_as_mask,
-    ),
-    (
         "top-k in blocks of 512",
         "_TOP_K_BLOCK huge",
         ["_TOP_K_BLOCK"],
         ["prefill"],
         lambda: patched(dsv4, _TOP_K_BLOCK=HUGE),
     ),
-    (
-        "compiled _index_scores",
-        "plain",
-        ["_index_scores"],
-        ["decode", "verify8", "prefill"],
-        plain_helpers("_index_scores"),
-    ),
+]
+
+# Paths measured by this script and then removed from the model: name, what
+# took their place.
+REMOVED = [
+    ("_output per token", "L 2-8 take the prompt's layout"),
+    ("CSA _sparse gather", "the top-k as a mask over the pool, _dense"),
+    ("compiled _index_scores", "the plain function"),
 ]
 
 
@@ -283,7 +254,9 @@ def main():
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--only", help="paths whose name contains this text")
+    parser.add_argument(
+        "--only", help="paths whose name contains one of these texts, split by |"
+    )
     args = parser.parse_args()
     context = args.context or (256 if args.tiny else 4096)
     chunk = args.chunk or (256 if args.tiny else 2048)
@@ -304,8 +277,16 @@ def main():
     )
     print(header)
     print("|---|---|---|---|---|---:|---|")
+    only = args.only.split("|") if args.only else []
+
+    def chosen(name):
+        return not only or any(o in name for o in only)
+
+    for name, instead in REMOVED:
+        if chosen(name):
+            print(f"| {name} | removed: {instead} | | | | | |")
     for name, disabled, needs, workloads, disable in PATHS:
-        if args.only and args.only not in name:
+        if not chosen(name):
             continue
         missing = [n for n in needs if not hasattr(dsv4, n)]
         if missing:

@@ -50,9 +50,9 @@ from mlx.utils import tree_flatten
 from mlx_lm.models import cache as cache_module
 
 # Methods timed besides each module's __call__, where a class defines them.
-METHODS = ("collapse", "expand", "apply_branch", "_dense", "_sparse", "_output")
+METHODS = ("collapse", "expand", "apply_branch", "_dense", "_output")
 CACHE_METHODS = ("update_and_fetch", "update_pool", "forward_rows")
-ROWS_METHODS = ("slots", "window_mask", "window_rows", "bands", "entries")
+ROWS_METHODS = ("slots", "window_mask", "bands", "entries")
 
 
 class Meter:

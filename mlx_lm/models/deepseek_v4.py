@@ -33,6 +33,7 @@ CSA = "compressed_sparse_attention"
 HCA = "heavily_compressed_attention"
 # A prompt's queries attend in blocks of this many.
 _QUERY_BLOCK = 128
+# The indexer scores queries in blocks of this many.
 _TOP_K_BLOCK = 512
 # A forward of at most this many tokens (a decode step or a verify) takes the
 # decode step's path.
@@ -303,7 +304,6 @@ class Indexer(nn.Module):
         return mx.stop_gradient(chosen)
 
 
-@partial(mx.compile, shapeless=True)
 def _index_scores(scores, weights, entries, visible, scale):
     """Each entry's score: its heads' positive scores, weighted, summed in
     float32; -inf for the entries a query does not see [B, L, n]."""
@@ -370,17 +370,20 @@ class Attention(nn.Module):
             n, visible = rows.entries(self.compressor.ratio)
             if self.kind == CSA:
                 chosen = self.indexer(x, qr, cache.indexer, rows)
-            if chosen is not None:
-                pool, seen = entries, chosen < visible[..., None]
-            elif n > 0:
-                pool = entries[:, :n]
-        if chosen is not None and length > 1:
-            out = self._sparse(q, window, pool, chosen, seen, rows)
-        else:
-            if chosen is not None:
+            if chosen is None:
+                pool = entries[:, :n] if n > 0 else None
+            elif length == 1:
                 # One query: its entries are the keys of all its heads.
-                pool = mx.take_along_axis(pool, chosen[:, 0, :, None], axis=1)
-            out = self._dense(q, window, pool, seen, rows)
+                pool = mx.take_along_axis(entries, chosen[:, 0, :, None], axis=1)
+                seen = chosen < visible[..., None]
+            else:
+                # Several queries: each one's top-k as a mask over the pool.
+                pool = entries[:, :n]
+                seen = mx.zeros((batch, length, n), dtype=mx.bool_)
+                seen = mx.put_along_axis(
+                    seen, chosen, chosen < visible[..., None], axis=-1
+                )
+        out = self._dense(q, window, pool, seen, rows)
         return self._output(out, rows)
 
     def _dense(self, q, window, pool, seen, rows):
@@ -441,35 +444,6 @@ class Attention(nn.Module):
             out = out.reshape(batch, blocks, heads, -1, dims).swapaxes(1, 2)
             out = out.reshape(batch, heads, -1, dims)[:, :, :length]
         return out
-
-    def _sparse(self, q, window, pool, chosen, seen, rows):
-        """Attention of queries that each attend to their own window rows and
-        top-k entries (the rows gathered in the model's dtype, for a block
-        of queries at a time); the heads of a token are the queries of its
-        keys."""
-        length = q.shape[2]
-        capacity = window.shape[1] - 1 - length
-        index, valid = rows.window_rows((self.window, capacity))
-        q = q.swapaxes(1, 2)
-        window, pool = window[:, None], pool[:, None]
-        out = []
-        for i in range(0, length, _TOP_K_BLOCK):
-            block = slice(i, i + _TOP_K_BLOCK)
-            keys = mx.concatenate(
-                [
-                    mx.take_along_axis(window, index[:, block, :, None], axis=2),
-                    mx.take_along_axis(pool, chosen[:, block, :, None], axis=2),
-                ],
-                axis=2,
-            )
-            mask = mx.concatenate([valid[:, block], seen[:, block]], axis=-1)
-            scores = q[:, block] @ keys.swapaxes(-1, -2)
-            weights = _sink_softmax(
-                scores, mask[:, :, None], self.attn_sink, self.scale
-            )
-            out.append(weights @ keys)
-        out = mx.concatenate(out, axis=1) if len(out) > 1 else out[0]
-        return out.swapaxes(1, 2)
 
     def _output(self, out: mx.array, rows: WindowRows) -> mx.array:
         batch, _, length, _ = out.shape
@@ -536,8 +510,9 @@ class Router(nn.Module):
     ) -> tuple[mx.array, mx.array]:
         hashed = "tid2eid" in self
         choice = self.tid2eid[input_ids] if hashed else self.e_score_correction_bias
+        route = _route_step if x.shape[-2] <= _STEP_ROWS else _route
         args = self.top_k, self.gate_temp, self.norm_topk_prob, self.route_scale
-        return _route(x, self.weight, choice, hashed, *args)
+        return route(x, self.weight, choice, hashed, *args)
 
 
 def _route(x, weight, choice, hashed, top_k, temp, norm, scale):
@@ -554,6 +529,9 @@ def _route(x, weight, choice, hashed, top_k, temp, norm, scale):
     if norm and top_k > 1:
         weights = weights / (mx.sum(weights, axis=-1, keepdims=True) + 1e-20)
     return chosen, weights * scale
+
+
+_route_step = mx.compile(_route)
 
 
 class HashTablesFrozen:
