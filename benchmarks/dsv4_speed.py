@@ -177,6 +177,8 @@ def make_fork(config, weights=None, dtype=mx.bfloat16, seed=0):
         weights = random_weights(model, dtype, seed)
     model.update(tree_unflatten(weights))
     mx.eval(model.parameters())
+    # For inference, as load() leaves it (training runs the Sinkhorn loop).
+    model.eval()
     return model
 
 
