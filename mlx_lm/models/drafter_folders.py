@@ -134,7 +134,7 @@ def _read(path: Path):
     return config, weights
 
 
-def load_drafter(model: nn.Module, path, mtp_block, dspark_layers) -> nn.Module:
+def load_drafter_folder(model: nn.Module, path, mtp_block, dspark_layers) -> nn.Module:
     """Load the drafter folder ``path`` (mlx-vlm's ``deepseek_v4_mtp`` or
     ``deepseek_v4_dspark`` layout) into the DeepSeek-V4 ``model`` as its own
     block (``model.mtp`` or ``model.dspark``, what ``mtp=True`` drafts with),
