@@ -14,11 +14,14 @@ import mlx.core as mx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
-from mlx_lm.generate import BatchGenerator, speculative_generate_step  # noqa: E402
+from mlx_lm.generate import (  # noqa: E402
+    BatchGenerator,
+    make_drafter,
+    speculative_generate_step,
+)
 from test_deepseek_v4_dspark import PROMPT, Recording, make_model, plain  # noqa: E402
 
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
-from mlx_lm.models.mtp_drafter import make_drafter  # noqa: E402
 
 BOUND = 8
 TOKENS = 1000

@@ -188,6 +188,10 @@ class Oracle:
     def __call__(self, *args, **kwargs):
         return self.model(*args, **kwargs)
 
+    def make_drafter(self):
+        # The MTP block's drafter of this model, not of the wrapped one.
+        return MTPDrafter(self)
+
     def mtp_draft(self, h, inputs, cache):
         start = cache[0].offset
         logits, out = self.model.mtp_draft(h, inputs, cache)
@@ -572,6 +576,10 @@ class BatchOracle:
 
     def __call__(self, *args, **kwargs):
         return self.model(*args, **kwargs)
+
+    def make_drafter(self):
+        # The MTP block's drafter of this model, not of the wrapped one.
+        return MTPDrafter(self)
 
     def _rows(self, cache):
         for batch in (self.generator._generation_batch, self.generator._prompt_batch):

@@ -17,6 +17,7 @@ from mlx_lm.generate import (
     BatchGenerator,
     batch_generate,
     generate_step,
+    make_drafter,
     speculative_generate_step,
     stream_generate,
 )
@@ -24,14 +25,13 @@ from mlx_lm.utils import load
 
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
-    DSparkCache,
     load_prompt_cache,
     make_prompt_cache,
     save_prompt_cache,
     trim_prompt_cache,
 )
 from mlx_lm.models.deepseek_v4_dspark import DSparkDrafter
-from mlx_lm.models.mtp_drafter import make_drafter
+from mlx_lm.models.dspark_cache import DSparkCache
 
 # 0731-shaped and tiny: four layers, the taps after the last three, one
 # window-only compress_ratios entry per DSpark stage (three), and

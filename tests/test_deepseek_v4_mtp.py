@@ -31,16 +31,19 @@ from mlx_lm import cache_prompt, server
 from mlx_lm.chat_templates.deepseek_v4 import bos_token, eos_token, special_tokens
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
-    BatchMTPCache,
     BatchWindowCompressorCache,
-    MTPCache,
     WindowCompressorCache,
     load_prompt_cache,
     make_prompt_cache,
     save_prompt_cache,
     trim_prompt_cache,
 )
-from mlx_lm.models.mtp_drafter import make_mtp_prompt_cache
+from mlx_lm.models.mtp_drafter import (
+    BatchMTPCache,
+    MTPCache,
+    MTPDrafter,
+    make_mtp_prompt_cache,
+)
 
 # A CSA and an HCA layer (the first with hashed experts), in transformers'
 # schema, and the MTP block (window only); "mtp" loads the block.
@@ -144,6 +147,10 @@ class Oracle:
 
     def __call__(self, *args, **kwargs):
         return self.model(*args, **kwargs)
+
+    def make_drafter(self):
+        # The MTP block's drafter of this model, not of the wrapped one.
+        return MTPDrafter(self)
 
     def mtp_draft(self, h, inputs, cache):
         start = cache[0].offset if self.check else None

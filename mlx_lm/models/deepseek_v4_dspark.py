@@ -26,7 +26,6 @@ from typing import Any, List, Optional
 import mlx.core as mx
 import mlx.nn as nn
 
-from .deepseek_v4 import HyperConnection, HyperHead, MoE
 from .drafters import Drafter
 from .dspark_cache import DSparkCache
 from .switch_layers import SwitchLinear
@@ -161,7 +160,9 @@ class DSparkStage(nn.Module):
     ``main_norm``), the last has the head mix, norm, Markov and confidence
     heads."""
 
-    def __init__(self, args, first: bool, last: bool):
+    def __init__(self, args, first: bool, last: bool, layers):
+        # The target's MoE, HyperConnection and HyperHead (deepseek_v4.py's).
+        MoE, HyperConnection, HyperHead = layers
         super().__init__()
         dims, eps = args.hidden_size, args.rms_norm_eps
         self.attn = DSparkAttention(args)
@@ -190,9 +191,9 @@ class DSparkStage(nn.Module):
         return self.ffn_hc.expand(x, h, post, comb)
 
 
-def make_dspark(args) -> List[DSparkStage]:
+def make_dspark(args, layers) -> List[DSparkStage]:
     n = dspark_stages(args)
-    return [DSparkStage(args, i == 0, i == n - 1) for i in range(n)]
+    return [DSparkStage(args, i == 0, i == n - 1, layers) for i in range(n)]
 
 
 def dspark_taps(streams: List[mx.array]) -> mx.array:

@@ -2,7 +2,7 @@
 
 """DeepSeek-V4 drafters split out of their checkpoint into a folder of their
 own, in mlx-vlm's layouts, loaded beside a target whose conversion dropped
-``mtp.*``: ``load_drafter(model, path)`` (``--mtp PATH``).
+``mtp.*``: ``Model.load_drafter(path)`` (``--mtp PATH``).
 
 - ``deepseek_v4_mtp`` (the MTP block): ``decoder.*`` (the block's decoder
   layer) and ``e_proj``, ``h_proj``, ``enorm``, ``hnorm``, ``hc_head``,
@@ -27,6 +27,8 @@ from typing import Dict, Optional
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
+
+from .deepseek_v4_dspark import DSparkStage
 
 MTP, DSPARK = "deepseek_v4_mtp", "deepseek_v4_dspark"
 _MTP_TOP = ("e_proj.", "h_proj.", "enorm.", "hnorm.", "hc_head.", "norm.")
@@ -132,22 +134,16 @@ def _read(path: Path):
     return config, weights
 
 
-def load_drafter(model: nn.Module, path) -> nn.Module:
+def load_drafter_folder(model: nn.Module, path, mtp_block, dspark_layers) -> nn.Module:
     """Load the drafter folder ``path`` (mlx-vlm's ``deepseek_v4_mtp`` or
     ``deepseek_v4_dspark`` layout) into the DeepSeek-V4 ``model`` as its own
     block (``model.mtp`` or ``model.dspark``, what ``mtp=True`` drafts with),
-    quantized as the folder says. Raises a ValueError of one line naming
-    the key (a name of neither layout; a shape the target's config does not
-    give, with both shapes; one missing) and leaves the model as it was."""
-    from .deepseek_v4 import MTPBlock
-    from .deepseek_v4_dspark import DSparkStage
-
+    quantized as the folder says: ``Model.load_drafter``, which gives its
+    ``MTPBlock`` and the layers of a ``DSparkStage``. Raises a ValueError of
+    one line naming the key (a name of neither layout; a shape the target's
+    config does not give, with both shapes; one missing) and leaves the
+    model as it was."""
     path = Path(path)
-    if not (hasattr(model, "mtp") and hasattr(model, "dspark")):
-        raise ValueError(
-            f"Cannot load the drafter folder {path}: the model "
-            f"({type(model).__module__}) is not DeepSeek-V4."
-        )
     try:
         config, weights = _read(path)
         layout = _layout(config, weights)
@@ -170,10 +166,13 @@ def load_drafter(model: nn.Module, path) -> nn.Module:
         }
         args = model.args
         if layout == MTP:
-            blocks = [MTPBlock(args, args.num_hidden_layers)]
+            blocks = [mtp_block(args, args.num_hidden_layers)]
         else:
             args = _dspark_args(args, config, stages)
-            blocks = [DSparkStage(args, i == 0, i == stages - 1) for i in range(stages)]
+            blocks = [
+                DSparkStage(args, i == 0, i == stages - 1, dspark_layers)
+                for i in range(stages)
+            ]
             if not any(".confidence_head." in name for name in names):
                 # The split leaves the confidence head out.
                 blocks[-1].pop("confidence_head")

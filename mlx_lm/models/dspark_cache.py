@@ -1,10 +1,6 @@
 # Copyright © 2026 Apple Inc.
 
-"""The prompt cache entry of DeepSeek-V4's DSpark drafter (``DSparkCache``).
-
-It lives in its own module, imported at the end of ``cache.py``, so that
-``load_prompt_cache`` finds the class by name without importing the model.
-"""
+"""The prompt cache entry of DeepSeek-V4's DSpark drafter (``DSparkCache``)."""
 
 from typing import List, Optional
 

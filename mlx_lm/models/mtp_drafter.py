@@ -1,16 +1,259 @@
 # Copyright © 2026 Apple Inc.
 
 """DeepSeek-V4's multi-token prediction block as a drafter, for
-``speculative_generate_step`` (one row) and ``BatchGenerator`` (many), and
-``make_drafter``: what ``mtp=True`` drafts with."""
+``speculative_generate_step`` (one row) and ``BatchGenerator`` (many): what
+``mtp=True`` drafts with (``deepseek_v4.Model.make_drafter``), and its
+prompt cache entry (``MTPCache``, ``BatchMTPCache``)."""
 
 from typing import Any, List, Optional
 
 import mlx.core as mx
 import mlx.nn as nn
 
-from .cache import MTPCache
+from .cache import (
+    TRIM_HISTORY,
+    BatchWindowCompressorCache,
+    DrafterCache,
+    WindowCompressorCache,
+    _batch_index,
+    _cat_rows,
+    _take_rows,
+)
 from .drafters import Drafter, trim_rows
+
+
+def _cat_ahead(aheads):
+    """The rows of ``MTPCache.ahead`` of several caches: all or none set."""
+    if all(a is None for a in aheads):
+        return None
+    if any(a is None for a in aheads):
+        raise ValueError("MTP caches a round apart cannot batch.")
+    return tuple(mx.concatenate(parts) for parts in zip(*aheads))
+
+
+class MTPCache(DrafterCache):
+    """A multi-token-prediction block's cache beside the target's caches in a
+    prompt cache. Where the target holds T positions, the block has seen the
+    first T - 1, each with the token after it, and ``hidden`` keeps the
+    target's streams of its last ``keep`` positions (the block's input for
+    position T - 1 with the next token): trimming every cache of the prompt
+    cache by the same count keeps the two in step."""
+
+    # The block's cache: one DeepSeek-V4 attention layer's.
+    cache_type = WindowCompressorCache
+
+    def __init__(self, cache, keep=TRIM_HISTORY + 1):
+        self.cache = cache
+        self.keep = keep
+        self.hidden = None
+        # A drafter's, between its rounds: the block's output (logits [B, V],
+        # streams [B, 1, ...]) at each row's last position, read with the
+        # row's next input (None: the block one position behind).
+        self.ahead = None
+
+    @property
+    def valid(self):
+        """How many positions' streams each row holds."""
+        return [0 if self.hidden is None else self.hidden.shape[1]]
+
+    def push(self, hidden, counts=None):
+        """Keep the first ``counts[0]`` (all by default) of the target's
+        streams [1, L, ...] as its next positions."""
+        if counts is not None:
+            hidden = hidden[:, : counts[0]]
+        if self.hidden is not None:
+            hidden = mx.concatenate([self.hidden, hidden], axis=1)
+        self.hidden = hidden[:, -self.keep :]
+
+    def last(self, counts):
+        """The streams of the last ``counts[0]`` positions."""
+        return self.hidden[:, self.hidden.shape[1] - counts[0] :]
+
+    @property
+    def state(self):
+        return self.cache.state, self.hidden, self.keep
+
+    @state.setter
+    def state(self, v):
+        # (Caches saved with a fourth field held no tokens in it.)
+        state, self.hidden, self.keep = v[:3]
+        self.cache = self.cache_type.from_state(state)
+        self.ahead = None
+
+    def is_trimmable(self):
+        return self.cache.is_trimmable()
+
+    @property
+    def max_trim(self):
+        rows = 0 if self.hidden is None else self.hidden.shape[1] - 1
+        return min(rows, getattr(self.cache, "max_trim", rows))
+
+    def trim(self, n):
+        n = min(n, self.max_trim)
+        if n <= 0 or self.cache.trim(n) != n:
+            return 0
+        self.hidden = self.hidden[:, :-n]
+        return n
+
+    def size(self):
+        return self.cache.size() + (self.hidden is not None)
+
+    def empty(self):
+        return self.hidden is None
+
+    @property
+    def nbytes(self):
+        rows = 0 if self.hidden is None else self.hidden.nbytes
+        return self.cache.nbytes + rows
+
+    @classmethod
+    def merge(cls, caches):
+        """One ``BatchMTPCache`` of the rows of ``caches`` (copies)."""
+        rings = [BatchMTPCache._ring(c) for c in caches]
+        merged = BatchMTPCache(
+            BatchWindowCompressorCache.merge([c.cache for c in caches]),
+            caches[0].keep,
+            [e for r in rings for e in r.ends],
+            [v for r in rings for v in r.valid],
+            _cat_rows([r.hidden for r in rings], [len(r.ends) for r in rings]),
+        )
+        merged.ahead = _cat_ahead([c.ahead for c in caches])
+        return merged
+
+
+class BatchMTPCache(MTPCache):
+    """An ``MTPCache`` of rows at their own positions. ``hidden`` is a ring of
+    ``keep`` slots per row (one more takes what is not kept): a row's stream
+    of its position p sits in slot p % keep. ``ends`` counts each row's
+    positions, ``valid`` how many of its last ones the ring holds."""
+
+    cache_type = BatchWindowCompressorCache
+
+    def __init__(self, cache, keep, ends=(), valid=(), hidden=None):
+        self.cache = cache
+        self.keep = keep
+        self.ends = list(ends)
+        self.valid = list(valid)
+        self.hidden = hidden
+        self.ahead = None
+
+    @classmethod
+    def _ring(cls, c):
+        """``c``'s streams as a ring (``c`` itself where it is one)."""
+        if isinstance(c, BatchMTPCache):
+            return c
+        ring = cls(None, c.keep, [0], [0])
+        if c.hidden is not None:
+            ring.push(c.hidden)
+        return ring
+
+    def _slots(self, starts, counts, length):
+        """The slots of positions ``starts[b] + j`` for j < ``counts[b]``, and
+        the extra slot past them [B, length]."""
+        j = mx.arange(length)
+        starts, counts = mx.array(starts)[:, None], mx.array(counts)[:, None]
+        return mx.where(j < counts, (starts + j) % self.keep, self.keep)
+
+    def push(self, hidden, counts=None):
+        """Keep the first ``counts[b]`` of each row's streams [B, L, ...] (all
+        L by default) as its next positions."""
+        B, L = hidden.shape[:2]
+        counts = [L] * B if counts is None else list(counts)
+        if self.hidden is None:
+            shape = (B, self.keep + 1, *hidden.shape[2:])
+            self.hidden = mx.zeros(shape, hidden.dtype)
+        # Only the last ``keep`` of each row get a slot of their own.
+        skip = [max(c - self.keep, 0) for c in counts]
+        slots = self._slots(self.ends, counts, L)
+        slots = mx.where(mx.arange(L) < mx.array(skip)[:, None], self.keep, slots)
+        self.hidden[_batch_index(B), slots] = hidden
+        self.ends = [e + c for e, c in zip(self.ends, counts)]
+        self.valid = [min(v + c, self.keep) for v, c in zip(self.valid, counts)]
+
+    def last(self, counts):
+        """Each row's streams of its last ``counts[b]`` positions, in order
+        and padded on the right [B, max(counts), ...]."""
+        starts = [e - c for e, c in zip(self.ends, counts)]
+        slots = self._slots(starts, counts, max(counts))
+        return self.hidden[_batch_index(len(counts)), slots]
+
+    @property
+    def row_max_trim(self):
+        return [
+            min(max(v - 1, 0), m) for v, m in zip(self.valid, self.cache.row_max_trim)
+        ]
+
+    @property
+    def max_trim(self):
+        return min(self.row_max_trim, default=0)
+
+    def trim_rows(self, counts):
+        """Drop each row's last ``counts[b]`` positions and return True, or
+        drop nothing and return False where it cannot."""
+        counts = list(counts)
+        if any(n > m for n, m in zip(counts, self.row_max_trim)):
+            return False
+        if not self.cache.trim_rows(counts):
+            return False
+        self.ends = [e - n for e, n in zip(self.ends, counts)]
+        self.valid = [v - n for v, n in zip(self.valid, counts)]
+        return True
+
+    def trim(self, n):
+        n = min(n, self.max_trim)
+        if n <= 0 or not self.trim_rows([n] * len(self.ends)):
+            return 0
+        return n
+
+    def size(self):
+        return max(
+            (o + (v > 0) for o, v in zip(self.cache.offsets, self.valid)), default=0
+        )
+
+    @property
+    def state(self):
+        return (*super().state, self.ends, self.valid)
+
+    @state.setter
+    def state(self, v):
+        *v, ends, valid = v
+        MTPCache.state.fset(self, v)
+        self.ends, self.valid = list(ends), list(valid)
+
+    @property
+    def valid(self):
+        return self._valid
+
+    @valid.setter
+    def valid(self, v):
+        self._valid = v
+
+    def filter(self, batch_indices):
+        batch_indices = list(batch_indices)
+        self.cache.filter(batch_indices)
+        self.hidden = _take_rows(self.hidden, batch_indices)
+        self.ends = [self.ends[i] for i in batch_indices]
+        self.valid = [self.valid[i] for i in batch_indices]
+        if self.ahead is not None:
+            index = mx.array(batch_indices, mx.int32)
+            self.ahead = tuple(a[index] for a in self.ahead)
+
+    def extend(self, other):
+        sizes = [len(self.ends), len(other.ends)]
+        self.cache.extend(other.cache)
+        self.hidden = _cat_rows([self.hidden, other.hidden], sizes)
+        self.ends = self.ends + other.ends
+        self.valid = self.valid + other.valid
+        self.ahead = _cat_ahead([self.ahead, other.ahead])
+
+    def extract(self, idx):
+        cache = MTPCache(self.cache.extract(idx), self.keep)
+        if self.ahead is not None:
+            cache.ahead = tuple(a[idx : idx + 1] for a in self.ahead)
+        if (v := self.valid[idx]) > 0:
+            slots = self._slots([self.ends[idx] - v], [v], v)
+            cache.hidden = self.hidden[idx : idx + 1][_batch_index(1), slots]
+        return cache
 
 
 def check_mtp(model: nn.Module, draft_model: Optional[nn.Module] = None):
@@ -24,18 +267,6 @@ def check_mtp(model: nn.Module, draft_model: Optional[nn.Module] = None):
             "with: its checkpoint has none, or it was loaded without it "
             '(load(..., model_config={"mtp": True}) loads it).'
         )
-
-
-def make_drafter(model: nn.Module, draft_model: Optional[nn.Module] = None) -> Drafter:
-    """What ``mtp=True`` drafts with: the drafting block the model's
-    checkpoint carries, loaded with ``load(..., model_config={"mtp":
-    True})``: the class the model names (``model.drafter_class``;
-    DeepSeek-V4: its MTP block's, or on V4-Flash-0731 / V4-Pro-0813 its
-    DSpark drafter's), else the MTP block's (``MTPDrafter``), made of
-    ``model``. Raises a ValueError where there is none."""
-    if draft_model is not None:
-        raise ValueError("Drafting with MTP and a draft model are exclusive.")
-    return getattr(model, "drafter_class", MTPDrafter)(model)
 
 
 def make_mtp_prompt_cache(model: nn.Module) -> List[Any]:
