@@ -18,8 +18,8 @@ from mlx_lm.utils import _get_classes
 from server_fixture import ServerThread
 
 from mlx_lm import load
-from mlx_lm.models.cache import make_prompt_cache, save_prompt_cache
 from mlx_lm.chat_templates.deepseek_v4 import bos_token, eos_token, special_tokens
+from mlx_lm.models.cache import make_prompt_cache, save_prompt_cache
 
 # Tiny folders: a Llama; a Mamba, whose cache cannot be quantized; a Qwen3.5,
 # whose config nests its fields in text_config.
