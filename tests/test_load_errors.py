@@ -19,6 +19,7 @@ from server_fixture import ServerThread
 
 from mlx_lm import load
 from mlx_lm.chat_templates.deepseek_v4 import bos_token, eos_token, special_tokens
+from mlx_lm.models.cache import make_prompt_cache, save_prompt_cache
 
 # Tiny folders: a Llama; a Mamba, whose cache cannot be quantized; a Qwen3.5,
 # whose config nests its fields in text_config.
@@ -102,6 +103,26 @@ def truncate_weights(path):
     return str(weights)
 
 
+def break_config(path):
+    config = path / "config.json"
+    config.write_text(config.read_text()[:20])
+    return str(config)
+
+
+def drop_shard(path):
+    """Move half the weights to a second shard the index lists, then lose it."""
+    weights = mx.load(str(path / "model.safetensors"))
+    keys = sorted(weights)
+    mx.save_safetensors(
+        str(path / "model.safetensors"), {k: weights[k] for k in keys[::2]}
+    )
+    shards = {k: "model.safetensors" for k in keys[::2]}
+    shards.update({k: "model-00002-of-00002.safetensors" for k in keys[1::2]})
+    index = {"weight_map": shards}
+    (path / "model.safetensors.index.json").write_text(json.dumps(index))
+    return str(path / "model-00002-of-00002.safetensors")
+
+
 def drop_chat_tokens(path):
     make_tokenizer(path, tokens=[bos_token, eos_token])
     return "<｜User｜>"
@@ -180,6 +201,74 @@ class TestBadModelFolders(TemporaryFolderTestCase):
                     load(str(path))
 
 
+class TestCommandsWithBadModelFolders(TemporaryFolderTestCase):
+    """Every command stops on a folder it cannot load with one line on
+    stderr, exit status 1; MLX_LM_DEBUG=1 shows the traceback."""
+
+    def run_command(self, command, *options, env=None):
+        cmd = [sys.executable, "-m", "mlx_lm", command, *map(str, options)]
+        return subprocess.run(
+            cmd,
+            input="q\n",
+            capture_output=True,
+            text=True,
+            timeout=300,
+            cwd=self.tmp,
+            env={**os.environ, **(env or {})},
+        )
+
+    def assertOneLine(self, run, named):
+        self.assertEqual(run.returncode, 1, run.stderr)
+        self.assertEqual(len(run.stderr.strip().splitlines()), 1, run.stderr)
+        self.assertIn(named, run.stderr)
+
+    def test_every_command_names_the_file(self):
+        path = make_folder(self.tmp / "model")
+        config = break_config(path)
+        commands = {
+            "generate": ["--model", path, "--max-tokens", "2"],
+            "chat": ["--model", path],
+            "convert": ["--hf-path", path, "--mlx-path", self.tmp / "converted"],
+            "lora": ["--model", path, "--train", "--data", self.tmp]
+            + ["--adapter-path", self.tmp / "adapters"],
+        }
+        for command, options in commands.items():
+            with self.subTest(command):
+                run = self.run_command(command, *options)
+                self.assertOneLine(run, config)
+                self.assertIn("Unterminated string", run.stderr)
+        # Nothing is written for a model that does not load.
+        self.assertEqual(sorted(p.name for p in self.tmp.iterdir()), ["model"])
+
+    def test_a_missing_shard_is_named(self):
+        path = make_folder(self.tmp / "model")
+        shard = drop_shard(path)
+        run = self.run_command("generate", "--model", path, "--max-tokens", "2")
+        self.assertOneLine(run, shard)
+
+    def test_mlx_lm_debug_shows_the_traceback(self):
+        path = make_folder(self.tmp / "model")
+        config = break_config(path)
+        run = self.run_command("generate", "--model", path, env={"MLX_LM_DEBUG": "1"})
+        self.assertEqual(run.returncode, 1, run.stderr)
+        self.assertIn("Traceback", run.stderr)
+        self.assertIn(config, run.stderr.splitlines()[-1])
+
+    def test_a_prompt_cache_of_another_model(self):
+        path = make_folder(self.tmp / "model")
+        other = make_folder(self.tmp / "other")
+        model, _ = load(str(other))
+        cache_file = str(self.tmp / "cache.safetensors")
+        metadata = {"model": str(other), "tokenizer_config": "{}"}
+        save_prompt_cache(cache_file, make_prompt_cache(model), metadata)
+        weights = str(other / "model.safetensors")
+        for cache, named in ((cache_file, str(other)), (weights, weights)):
+            with self.subTest(cache=cache):
+                options = ["--model", path, "--prompt-cache-file", cache]
+                run = self.run_command("generate", *options, "--max-tokens", "2")
+                self.assertOneLine(run, named)
+
+
 class TestServerWithBadModelFolders(TemporaryFolderTestCase):
     """`mlx_lm.server --model` stops at start on a folder it cannot load."""
 
@@ -223,7 +312,8 @@ class TestServerWithBadModelFolders(TemporaryFolderTestCase):
                 process.wait()
 
     def test_the_server_exits_naming_the_file_token_or_field(self):
-        for fault in (truncate_weights, drop_chat_tokens, mistype_config):
+        faults = (truncate_weights, drop_chat_tokens, mistype_config)
+        for fault in faults + (break_config, drop_shard):
             with self.subTest(fault=fault.__name__):
                 path = make_folder(self.tmp / fault.__name__)
                 named = fault(path)
