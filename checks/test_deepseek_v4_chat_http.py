@@ -14,10 +14,12 @@ import importlib
 import importlib.util
 import io
 import json
+import os
 import shutil
 import sys
 import tempfile
 import threading
+import time
 import unittest
 import urllib.error
 import urllib.request
@@ -281,6 +283,17 @@ def server_args(model):
     )
 
 
+def join_generation_thread(generator):
+    """Stop the server's generation thread and wait until it has exited: its
+    thread-local MLX compile cache is freed after Python's join returns, and a
+    process that exits meanwhile can abort ("terminate called without an
+    active exception")."""
+    generator.stop_and_join()
+    task = f"/proc/self/task/{generator._generation_thread.native_id}"
+    while os.path.exists(task):
+        time.sleep(0.01)
+
+
 class TestDeepseekV4ChatServer(unittest.TestCase):
 
     @classmethod
@@ -303,7 +316,7 @@ class TestDeepseekV4ChatServer(unittest.TestCase):
         cls.httpd.shutdown()
         cls.httpd.server_close()
         cls.thread.join()
-        cls.generator.stop_and_join()
+        join_generation_thread(cls.generator)
         cls._tmp.cleanup()
 
     def record_prompts(self):

@@ -5,9 +5,11 @@ and helpers to send it requests. Not a test file: the tests import it."""
 
 import http.client
 import json
+import os
 import sys
 import tempfile
 import threading
+import time
 import unittest
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -141,6 +143,17 @@ def make_model_provider(model_path, *args):
     return run.call_args.args[2]
 
 
+def join_generation_thread(generator):
+    """Stop the server's generation thread and wait until it has exited: its
+    thread-local MLX compile cache is freed after Python's join returns, and a
+    process that exits meanwhile can abort ("terminate called without an
+    active exception")."""
+    generator.stop_and_join()
+    task = f"/proc/self/task/{generator._generation_thread.native_id}"
+    while os.path.exists(task):
+        time.sleep(0.01)
+
+
 class ServerThread:
     """`mlx_lm.server` on a free loopback port, in this process; args are
     the command's options after --model."""
@@ -159,7 +172,7 @@ class ServerThread:
     def close(self):
         self.httpd.shutdown()
         self.httpd.server_close()
-        self.generator.stop_and_join()
+        join_generation_thread(self.generator)
 
     def send(self, method, path, body=None):
         """Send one request (body: JSON, or a str sent as it is); return the

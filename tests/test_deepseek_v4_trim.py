@@ -3,9 +3,11 @@
 import copy
 import http.client
 import json
+import os
 import sys
 import tempfile
 import threading
+import time
 import unittest
 from http.server import ThreadingHTTPServer
 from pathlib import Path
@@ -116,6 +118,17 @@ def max_diff(a, b):
     return mx.abs(a.astype(mx.float32) - b.astype(mx.float32)).max().item()
 
 
+def join_generation_thread(generator):
+    """Stop the server's generation thread and wait until it has exited: its
+    thread-local MLX compile cache is freed after Python's join returns, and a
+    process that exits meanwhile can abort ("terminate called without an
+    active exception")."""
+    generator.stop_and_join()
+    task = f"/proc/self/task/{generator._generation_thread.native_id}"
+    while os.path.exists(task):
+        time.sleep(0.01)
+
+
 class ServerThread:
     """`mlx_lm.server` on a free loopback port, in this process."""
 
@@ -136,7 +149,7 @@ class ServerThread:
     def close(self):
         self.httpd.shutdown()
         self.httpd.server_close()
-        self.generator.stop_and_join()
+        join_generation_thread(self.generator)
 
     def post(self, path, body):
         """Send ``body`` as JSON; return the status and the JSON answer."""
