@@ -202,10 +202,6 @@ def _rope(x, freqs, offset, scale=1.0):
     )
 
 
-# Compiled for decode steps only: each prompt length would keep a trace.
-_rope_step = mx.compile(_rope)
-
-
 class Compressor(nn.Module):
     def __init__(self, args: ModelArgs, ratio: int, head_dim: int, overlap: bool):
         super().__init__()
@@ -283,8 +279,7 @@ class Indexer(nn.Module):
             return None
         batch, length, _ = x.shape
         q = self.wq_b(qr).reshape(batch, length, self.n_heads, self.head_dim)
-        rope = _rope_step if length <= _STEP_ROWS else _rope
-        q = rope(q.transpose(0, 2, 1, 3), self._freqs, rows.shift)
+        q = _rope(q.transpose(0, 2, 1, 3), self._freqs, rows.shift)
         # In the keys' dtype: a float32 copy of the pool costs more than it gains.
         q = q.swapaxes(1, 2).astype(keys.dtype)
         keys = keys[:, None, :n].swapaxes(-1, -2)
@@ -358,9 +353,8 @@ class Attention(nn.Module):
         qr = self.q_norm(self.wq_a(x))
         q = self.wq_b(qr).reshape(batch, length, self.n_heads, self.head_dim)
         q = mx.fast.rms_norm(q, None, self.eps).transpose(0, 2, 1, 3)
-        rope = _rope_step if length <= _STEP_ROWS else _rope
-        q = rope(q, self._freqs, rows.shift)
-        kv = rope(self.kv_norm(self.wkv(x)), self._freqs, rows.shift)
+        q = _rope(q, self._freqs, rows.shift)
+        kv = _rope(self.kv_norm(self.wkv(x)), self._freqs, rows.shift)
 
         # Keys: the window, then the visible HCA pool or a CSA query's top-k.
         window = cache.update_and_fetch(kv, rows)
@@ -402,18 +396,11 @@ class Attention(nn.Module):
                 mask = rows.keys_mask((*sizes, ratio))
             else:
                 mask = mx.concatenate([rows.window_mask(sizes), seen], axis=-1)
-            if length <= _STEP_ROWS:
+            if length == 1:
                 # The heads' queries as the rows of one matmul (one key head).
-                scores = q.reshape(batch, heads * length, dims) @ keys.swapaxes(-1, -2)
-                if length == 1:
-                    weights = _sink_softmax(scores, mask, self.attn_sink, self.scale)
-                else:
-                    scores = scores.reshape(batch, heads, length, -1)
-                    weights = _rows_sink_softmax(
-                        scores, mask, self.attn_sink, self.scale
-                    )
-                    weights = weights.reshape(batch, heads * length, -1)
-                return (weights @ keys).reshape(batch, heads, length, dims)
+                scores = q.reshape(batch, heads, dims) @ keys.swapaxes(-1, -2)
+                weights = _sink_softmax(scores, mask, self.attn_sink, self.scale)
+                return (weights @ keys).reshape(batch, heads, 1, dims)
             keys, mask = keys[:, None], mask[:, None]
         else:
             block = _QUERY_BLOCK
@@ -448,8 +435,7 @@ class Attention(nn.Module):
     def _output(self, out: mx.array, rows: WindowRows) -> mx.array:
         batch, _, length, _ = out.shape
         # Undo the keys' rotation at the query position.
-        rope = _rope_step if length <= _STEP_ROWS else _rope
-        out = rope(out, self._inverse_freqs, rows.shift)
+        out = _rope(out, self._inverse_freqs, rows.shift)
         # Each group of heads has its own projection: [B, groups, L, dims].
         if length == 1:
             out = out.reshape(batch, self.o_groups, 1, -1)
@@ -477,13 +463,6 @@ def _sink_softmax(scores, mask, sinks, scale):
     weights = mx.exp(logits - top)
     total = weights.sum(axis=-1, keepdims=True) + mx.exp(sinks - top)
     return (weights / total).astype(scores.dtype)
-
-
-@partial(mx.compile, shapeless=True)
-def _rows_sink_softmax(scores, mask, sinks, scale):
-    """``_sink_softmax`` of several queries a head [B, heads, L, keys], each
-    query's mask [B, L, keys]."""
-    return _sink_softmax(scores, mask[:, None], sinks[:, None], scale)
 
 
 class Router(nn.Module):
