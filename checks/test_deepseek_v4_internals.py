@@ -45,7 +45,6 @@ from mlx_lm.models.cache import (
     CompressorCache,
     SharedWindowCache,
     WindowCompressorCache,
-    WindowRows,
     load_prompt_cache,
     make_prompt_cache,
     save_prompt_cache,
@@ -195,7 +194,7 @@ class TestDeepseekV4Internals(unittest.TestCase):
         for c in (model.layers[1].attn.compressor, model.layers[2].attn.compressor):
             cache = CompressorCache(c.ratio, c.overlap)
             for start, end in ((0, 7), (7, 8), (8, 40)):
-                rows = WindowRows([start], [0], [end - start], end - start)
+                rows = deepseek_v4.WindowRows([start], [0], [end - start], end - start)
                 pool = c(x[:, start:end], cache, rows)
             r, d, n = c.ratio, c.head_dim, 40 // c.ratio
             kv, gate = np.array(c.wkv(x)[0]), np.array(c.wgate(x)[0])

@@ -11,12 +11,7 @@ from mlx.nn.layers.distributed import shard_inplace, shard_linear, sum_gradients
 
 from . import deepseek_v41
 from .base import BaseModelArgs
-from .cache import (
-    CompressorCache,
-    SharedWindowCache,
-    WindowCompressorCache,
-    WindowRows,
-)
+from .cache import CompressorCache, SharedWindowCache, WindowCompressorCache
 from .deepseek_v41 import (
     DeepseekV41SwiGLU,
     SharedMLP,
@@ -202,6 +197,142 @@ def _rope(x, freqs, offset, scale=1.0):
     )
 
 
+def _memoize(method):
+    def wrapper(self, arg):
+        key = (method.__name__, arg)
+        if key not in self._memo:
+            self._memo[key] = method(self, arg)
+        return self._memo[key]
+
+    return wrapper
+
+
+class WindowRows:
+    """Where each batch row's tokens of one forward sit: tokens
+    ``starts[b]:ends[b]`` of row b are real (the others padding), the first
+    at position ``offsets[b]``. Lists on the host, arrays for the masks."""
+
+    def __init__(self, offsets, starts, ends, length):
+        self.offsets, self.starts, self.ends = offsets, starts, ends
+        self.counts = [e - s for s, e in zip(starts, ends)]
+        self.length = length
+        j = mx.arange(length)
+        self.offset = mx.array(offsets)[:, None]
+        self.start = mx.array(starts)[:, None]
+        self.end = mx.array(ends)[:, None]
+        # The rope offset of each row and each token's position [B, L].
+        self.shift = mx.array([o - s for o, s in zip(offsets, starts)])
+        self.pos = self.shift[:, None] + j
+        self.real = (j >= self.start) & (j < self.end)
+        self._j = j
+        self._memo = {}
+
+    # The layers share these, so each is built once per forward.
+    @_memoize
+    def slots(self, size):
+        """The slot of each token in a buffer of the last ``size`` positions,
+        ``size`` (no slot) for padding and tokens the buffer will not keep."""
+        keep = self.real & (self._j >= self.end - size)
+        return mx.where(keep, self.pos % size, size)
+
+    @_memoize
+    def slot_index(self, sizes):
+        """``slots(size)`` as the index of rows of ``width`` features
+        [B, L, width], for ``mx.put_along_axis``."""
+        size, width = sizes
+        slots = self.slots(size)[..., None]
+        return mx.broadcast_to(slots, (*slots.shape[:2], width))
+
+    def _fetched(self, pos, capacity):
+        """Where position ``pos`` [B, ...] sits in the keys of
+        ``SharedWindowCache.update_and_fetch``: ``capacity`` slots, one more,
+        then the new rows."""
+        shape = (-1,) + (1,) * (pos.ndim - 1)
+        offset, start = self.offset.reshape(shape), self.start.reshape(shape)
+        index = mx.where(
+            pos >= offset, capacity + 1 + pos - offset + start, pos % capacity
+        )
+        return mx.minimum(index, capacity + self.length)
+
+    @_memoize
+    def window_mask(self, sizes):
+        """Which keys of ``SharedWindowCache.update_and_fetch`` each query of
+        a sliding ``window`` sees [B, L, capacity + 1 + L]."""
+        window, capacity = sizes
+        s = mx.arange(capacity + 1)
+        # Slot s holds the last position before the new tokens that is s mod
+        # capacity; the extra slot nothing.
+        kept = s + capacity * ((self.offset - 1 - s) // capacity)
+        kept = mx.where(s < capacity, kept, -1)
+        keys = mx.concatenate([kept, mx.where(self.real, self.pos, -1)], axis=1)
+        keys, q = keys[:, None], self.pos[..., None]
+        return (keys >= 0) & (keys <= q) & (keys > q - window)
+
+    @_memoize
+    def bands(self, sizes):
+        """For the queries in blocks of ``block``: the indices of the keys
+        each block's window spans in the keys of ``update_and_fetch``
+        [B, N, block + window - 1], and which of them each query sees
+        [B, N, block, block + window - 1]."""
+        window, capacity, block = sizes
+        blocks = -(-self.length // block)
+        first = self.shift[:, None, None] + block * mx.arange(blocks)[:, None]
+        pos = first - window + 1 + mx.arange(block + window - 1)
+        q = (first + mx.arange(block))[..., None]
+        k = pos[:, :, None]
+        return self._fetched(pos, capacity), (k >= 0) & (k <= q) & (k > q - window)
+
+    @_memoize
+    def entries(self, ratio):
+        """How many entries of each ratio the rows have after the forward
+        (the most of any row), and how many each query sees [B, L]."""
+        n = max((o + c) // ratio for o, c in zip(self.offsets, self.counts))
+        return n, (self.pos + 1) // ratio
+
+    @_memoize
+    def pool_mask(self, ratio):
+        """Which of the entries of ``ratio`` each query sees [B, L, n]."""
+        n, visible = self.entries(ratio)
+        return mx.arange(n) < visible[..., None]
+
+    @_memoize
+    def keys_mask(self, sizes):
+        """Which of a window's keys (``window_mask``) and then the entries of
+        ``ratio`` (none if None) each query sees [B, L, keys]."""
+        window, capacity, ratio = sizes
+        mask = self.window_mask((window, capacity))
+        if ratio is None:
+            return mask
+        return mx.concatenate([mask, self.pool_mask(ratio)], axis=-1)
+
+    @_memoize
+    def windows(self, sizes):
+        """For a compressor of ``ratio`` rows per entry that keeps ``span``
+        rows: the first window each row closes in this forward, how many
+        windows the row closing most closes, and the rows of those windows
+        (``before`` windows more before them) as positions [B, N] and indices
+        into the buffer followed by the new rows [B, N, 1]."""
+        ratio, span, before = sizes
+        first = [o // ratio for o in self.offsets]
+        closed = max(
+            (o + c) // ratio - f for o, c, f in zip(self.offsets, self.counts, first)
+        )
+        if closed == 0:
+            return first, 0, None, None
+        pos = (mx.array(first)[:, None] - before) * ratio + mx.arange(
+            (closed + before) * ratio
+        )
+        idx = mx.where(
+            pos < self.offset,
+            mx.where(pos < 0, span, pos % span),
+            span + 1 + pos - self.offset + self.start,
+        )
+        # A row that closes fewer windows pools garbage into slots it has not
+        # reached; they are masked until it overwrites them.
+        idx = mx.minimum(idx, span + self.length)[..., None]
+        return first, closed, pos, idx
+
+
 class Compressor(nn.Module):
     def __init__(self, args: ModelArgs, ratio: int, head_dim: int, overlap: bool):
         super().__init__()
@@ -220,12 +351,19 @@ class Compressor(nn.Module):
     ) -> Optional[mx.array]:
         """The pool after x (entry w of a row in its slot w), or None: each
         window of ratio rows that x closes pooled into one entry."""
-        pool = partial(self._pool, _pool_step if x.shape[1] <= _STEP_ROWS else _pool)
-        return cache.update_and_fetch(self.wkv(x), self.wgate(x), rows, pool)
-
-    def _pool(self, pool, kv, gate, idx, pos, first):
+        kv, gate = self.wkv(x), self.wgate(x)
+        windows = self.ratio, cache.span, int(self.overlap)
+        first, closed, pos, idx = rows.windows(windows)
+        slots = rows.slot_index((cache.span, kv.shape[-1]))
+        kv_rows, gate_rows = cache.update_and_fetch(kv, gate, slots)
+        if closed == 0:
+            return cache.pool
+        pool = _pool_step if x.shape[1] <= _STEP_ROWS else _pool
         args = self.ape, self.norm.weight, self._freqs, self.ratio, self.overlap
-        return pool(kv, gate, idx, pos, first, *args, self.norm.eps)
+        entries = pool(
+            kv_rows, gate_rows, idx, pos, mx.array(first), *args, self.norm.eps
+        )
+        return cache.update_pool(entries.astype(kv.dtype), first)
 
 
 def _pool(
@@ -357,7 +495,8 @@ class Attention(nn.Module):
         kv = _rope(self.kv_norm(self.wkv(x)), self._freqs, rows.shift)
 
         # Keys: the window, then the visible HCA pool or a CSA query's top-k.
-        window = cache.update_and_fetch(kv, rows)
+        slots = rows.slot_index((cache.window.capacity, kv.shape[-1]))
+        window = cache.update_and_fetch(kv, slots)
         pool = seen = chosen = None
         if self.kind != SLIDING:
             entries = self.compressor(x, cache.compressor, rows)
@@ -671,7 +810,7 @@ class DeepseekV4Model(PipelineMixin, nn.Module):
         batch, length, dims = h.shape
         h = mx.broadcast_to(h[:, :, None], (batch, length, self.hc_mult, dims))
         # Every layer's cache holds the same rows.
-        rows = cache[0].forward_rows(length, batch)
+        rows = WindowRows(*cache[0].row_spans(length, batch), length)
         rank, size = self.pipeline_rank, self.pipeline_size
         h = mx.distributed.recv_like(h, rank + 1) if rank < size - 1 else h
         for layer, layer_cache in zip(self.pipeline_layers, cache):
