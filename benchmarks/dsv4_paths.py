@@ -75,16 +75,34 @@ def plain_helpers(*names):
     return lambda: patched(dsv4, **{n: getattr(PLAIN, n) for n in names})
 
 
-def wrap_method(cls, name, **module_values):
-    """Disable: ``cls.name`` runs with the module's globals ``module_values``
-    (e.g. ``_STEP_ROWS = 0`` inside ``Attention._dense`` only)."""
-    method = getattr(cls, name)
+def dense_by_sdpa():
+    """Disable the heads as rows of one matmul (L = 1): the query through
+    ``scaled_dot_product_attention``, as longer inputs."""
+    cls = dsv4.Attention
+    dense = cls._dense
 
-    def inner(self, *args, **kwargs):
-        with patched(dsv4, **module_values):
-            return method(self, *args, **kwargs)
+    def by_sdpa(self, q, window, pool, seen, rows):
+        if q.shape[2] != 1:
+            return dense(self, q, window, pool, seen, rows)
+        sizes = self.window, window.shape[1] - 2
+        keys = window if pool is None else mx.concatenate([window, pool], 1)
+        if pool is None:
+            mask = rows.window_mask(sizes)
+        elif seen is None:
+            mask = rows.keys_mask((*sizes, self.compressor.ratio))
+        else:
+            mask = mx.concatenate([rows.window_mask(sizes), seen], axis=-1)
+        sinks = self.attn_sink.astype(q.dtype)
+        return mx.fast.scaled_dot_product_attention(
+            q,
+            keys[:, None],
+            keys[:, None],
+            scale=self.scale,
+            mask=mask[:, None],
+            sinks=sinks,
+        )
 
-    return lambda: patched(cls, **{name: inner})
+    return patched(cls, _dense=by_sdpa)
 
 
 def hc_whole():
@@ -118,25 +136,18 @@ PATHS = [
         lambda: patched(dsv4, _STEP_ROWS=1),
     ),
     (
-        "heads as rows",
+        "heads as rows (L = 1)",
         "sdpa in _dense",
-        ["_STEP_ROWS"],
-        ["decode", "verify2", "verify8"],
-        lambda: wrap_method(dsv4.Attention, "_dense", _STEP_ROWS=0)(),
+        ["_sink_softmax"],
+        ["decode"],
+        dense_by_sdpa,
     ),
     (
         "compiled _sink_softmax",
         "plain",
-        ["_sink_softmax", "_rows_sink_softmax"],
-        ["decode", "verify8"],
-        plain_helpers("_sink_softmax", "_rows_sink_softmax"),
-    ),
-    (
-        "compiled _rope_step",
-        "plain _rope",
-        ["_rope_step"],
-        ["decode", "verify8"],
-        plain_helpers("_rope_step"),
+        ["_sink_softmax"],
+        ["decode"],
+        plain_helpers("_sink_softmax"),
     ),
     (
         "compiled _pool_step",
@@ -195,6 +206,8 @@ REMOVED = [
     ("_output per token", "L 2-8 take the prompt's layout"),
     ("CSA _sparse gather", "the top-k as a mask over the pool, _dense"),
     ("compiled _index_scores", "the plain function"),
+    ("heads as rows (L 2-8), _rows_sink_softmax", "sdpa, as longer inputs"),
+    ("compiled _rope_step", "_rope"),
 ]
 
 

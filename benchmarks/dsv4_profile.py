@@ -48,10 +48,11 @@ from dsv4_speed import (
 from mlx.utils import tree_flatten
 
 from mlx_lm.models import cache as cache_module
+from mlx_lm.models import deepseek_v4 as model_module
 
 # Methods timed besides each module's __call__, where a class defines them.
 METHODS = ("collapse", "expand", "apply_branch", "_dense", "_output")
-CACHE_METHODS = ("update_and_fetch", "update_pool", "forward_rows")
+CACHE_METHODS = ("update_and_fetch", "update_pool", "forward_rows", "row_spans")
 ROWS_METHODS = ("slots", "window_mask", "bands", "entries")
 
 
@@ -159,7 +160,9 @@ def instrument(meter, model, cache, rows=True):
     # The caches' classes (both models nest theirs in ``caches``), and the
     # fork's rows, whose masks the layers share.
     classes = {type(o) for c in cache for o in (c, *getattr(c, "caches", ()))}
-    rows = getattr(cache_module, "WindowRows", None) if rows else None
+    # In the model's module (in the cache's before the review of 2026-12-04).
+    where = model_module if hasattr(model_module, "WindowRows") else cache_module
+    rows = getattr(where, "WindowRows", None) if rows else None
     for cls, methods in [(c, CACHE_METHODS) for c in classes] + [(rows, ROWS_METHODS)]:
         for base in cls.__mro__[:-1] if cls else ():
             for attr in methods:

@@ -42,10 +42,10 @@ from mlx_lm.utils import load_model, quantize_model, save_config
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
     TRIM_HISTORY,
+    BatchWindowCompressorCache,
     CompressorCache,
     SharedWindowCache,
     WindowCompressorCache,
-    WindowRows,
     load_prompt_cache,
     make_prompt_cache,
     save_prompt_cache,
@@ -152,6 +152,35 @@ class TestDeepseekV4Internals(unittest.TestCase):
         self.assertEqual(cache[0].nbytes, window.kv.nbytes)
         self.assertEqual(cache[1].compressor.kv.shape[1], 8 + TRIM_HISTORY + 1)
 
+    def test_extracted_and_copied_rows_hold_what_nbytes_reports(self):
+        # From tests/test_prompt_cache.py: a view into a pool or window of the
+        # batch would keep its whole buffer alive after the batch is gone.
+        model = make_tiny_model()
+        mx.random.seed(4)
+        singles = [model.make_cache() for _ in range(2)]
+        for cache, n in zip(singles, (40, 27)):
+            mx.eval(model(mx.random.randint(0, 300, (1, n)), cache))
+        batch = [BatchWindowCompressorCache.merge(c) for c in zip(*singles)]
+        del singles
+        for _ in range(3):
+            mx.eval(model(mx.random.randint(0, 300, (2, 1)), batch))
+        limit = mx.set_cache_limit(0)
+        try:
+            rows = [[c.extract(i) for c in batch] for i in range(2)]
+            rows.append([c.copy() for c in batch])
+            rows.append([c.copy() for c in rows[0]])
+            mx.eval([c.state for row in rows for c in row])
+            stored = sum(c.nbytes for row in rows for c in row)
+            del batch
+            mx.synchronize()
+            held = mx.get_active_memory()
+            del rows
+            mx.synchronize()
+            freed = held - mx.get_active_memory()
+        finally:
+            mx.set_cache_limit(limit)
+        self.assertEqual(freed, stored)
+
     def test_gradients_flow_past_the_top_k_choices(self):
         # LoRA training differentiates the whole forward; the indices the
         # gate and the indexer pick have no gradient.
@@ -195,7 +224,7 @@ class TestDeepseekV4Internals(unittest.TestCase):
         for c in (model.layers[1].attn.compressor, model.layers[2].attn.compressor):
             cache = CompressorCache(c.ratio, c.overlap)
             for start, end in ((0, 7), (7, 8), (8, 40)):
-                rows = WindowRows([start], [0], [end - start], end - start)
+                rows = deepseek_v4.WindowRows([start], [0], [end - start], end - start)
                 pool = c(x[:, start:end], cache, rows)
             r, d, n = c.ratio, c.head_dim, 40 // c.ratio
             kv, gate = np.array(c.wkv(x)[0]), np.array(c.wgate(x)[0])

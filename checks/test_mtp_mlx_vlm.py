@@ -318,7 +318,7 @@ def _late_positions():
         def late(x, freqs, offset, scale=1.0):
             return rope(x, freqs, offset + 1, scale)
 
-        with mock.patch.multiple(deepseek_v4, _rope=late, _rope_step=late):
+        with mock.patch.object(deepseek_v4, "_rope", late):
             return original(self, hidden, inputs, cache)
 
     return mock.patch.object(deepseek_v4.Model, "mtp_draft", draft)

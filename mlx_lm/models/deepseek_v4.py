@@ -11,12 +11,7 @@ from mlx.nn.layers.distributed import shard_inplace, shard_linear, sum_gradients
 
 from . import deepseek_v41
 from .base import BaseModelArgs
-from .cache import (
-    CompressorCache,
-    SharedWindowCache,
-    WindowCompressorCache,
-    WindowRows,
-)
+from .cache import CompressorCache, SharedWindowCache, WindowCompressorCache
 from .deepseek_v41 import (
     DeepseekV41SwiGLU,
     SharedMLP,
@@ -31,15 +26,11 @@ from .switch_layers import SwitchGLU, SwitchLinear
 SLIDING = "sliding_attention"
 CSA = "compressed_sparse_attention"
 HCA = "heavily_compressed_attention"
-# A prompt's queries attend in blocks of this many.
 _QUERY_BLOCK = 128
-# The indexer scores queries in blocks of this many.
 _TOP_K_BLOCK = 512
-# A forward of at most this many tokens (a decode step or a verify) takes the
-# decode step's path.
+# Forwards of up to this many tokens (decode, verify) take the compiled helpers.
 _STEP_ROWS = 8
 
-# For checkpoints without a chat template (a bundled one replaces the encoder).
 TOKENIZER_DEFAULTS = {
     "chat_template_type": "deepseek_v4",
     "tool_parser_type": "deepseek_v4",
@@ -81,14 +72,11 @@ class ModelArgs(BaseModelArgs):
     rope_scaling: Optional[Dict[str, Any]] = None
     rope_parameters: Optional[Dict[str, Any]] = None
     max_position_embeddings: int = 1048576
-    # DeepSeek's schema
     compress_ratios: Optional[List[int]] = None
     num_hash_layers: Optional[int] = None
-    # The transformers schema
     layer_types: Optional[List[str]] = None
     compress_rates: Optional[Dict[str, int]] = None
     mlp_layer_types: Optional[List[str]] = None
-    # DeepSeek's fp8 and fp4 weights
     quantization_config: Optional[Dict[str, Any]] = None
 
     def __post_init__(self):
@@ -163,8 +151,6 @@ class ModelArgs(BaseModelArgs):
 
 
 def make_rope(args: ModelArgs, compressed: bool) -> YarnRoPE:
-    """The RoPE of a layer: YaRN on the compress theta for compressed layers,
-    the base theta alone for window-only ones."""
     if not compressed:
         return YarnRoPE(
             dims=args.qk_rope_head_dim, traditional=True, base=args.rope_theta
@@ -188,22 +174,125 @@ def make_rope(args: ModelArgs, compressed: bool) -> YarnRoPE:
 
 
 def _rope_freqs(args: ModelArgs, compressed: bool, dims: int) -> mx.array:
-    """The frequencies of all ``dims`` features: infinite periods leave the
-    leading ones unrotated, so one rope call covers a whole head."""
     freqs = make_rope(args, compressed).freqs
     return mx.concatenate([mx.full((dims // 2 - freqs.size,), mx.inf), freqs])
 
 
 def _rope(x, freqs, offset, scale=1.0):
-    """Rotate x [..., L, D] from positions ``offset`` ([B]) on."""
     dims = x.shape[-1]
     return mx.fast.rope(
         x, dims, traditional=True, base=None, scale=scale, offset=offset, freqs=freqs
     )
 
 
-# Compiled for decode steps only: each prompt length would keep a trace.
-_rope_step = mx.compile(_rope)
+def _memoize(method):
+    def wrapper(self, arg):
+        key = (method.__name__, arg)
+        if key not in self._memo:
+            self._memo[key] = method(self, arg)
+        return self._memo[key]
+
+    return wrapper
+
+
+class WindowRows:
+    """Where each row's tokens of a forward sit: ``starts[b]:ends[b]`` are
+    real (the rest padding), the first at position ``offsets[b]``."""
+
+    def __init__(self, offsets, starts, ends, length):
+        self.offsets, self.starts, self.ends = offsets, starts, ends
+        self.counts = [e - s for s, e in zip(starts, ends)]
+        self.length = length
+        j = mx.arange(length)
+        self.offset = mx.array(offsets)[:, None]
+        self.start = mx.array(starts)[:, None]
+        self.end = mx.array(ends)[:, None]
+        self.shift = mx.array([o - s for o, s in zip(offsets, starts)])
+        self.pos = self.shift[:, None] + j
+        self.real = (j >= self.start) & (j < self.end)
+        self._j = j
+        self._memo = {}
+
+    @_memoize
+    def slots(self, size):
+        keep = self.real & (self._j >= self.end - size)
+        return mx.where(keep, self.pos % size, size)
+
+    @_memoize
+    def slot_index(self, sizes):
+        size, width = sizes
+        slots = self.slots(size)[..., None]
+        return mx.broadcast_to(slots, (*slots.shape[:2], width))
+
+    def _fetched(self, pos, capacity):
+        shape = (-1,) + (1,) * (pos.ndim - 1)
+        offset, start = self.offset.reshape(shape), self.start.reshape(shape)
+        index = mx.where(
+            pos >= offset, capacity + 1 + pos - offset + start, pos % capacity
+        )
+        return mx.minimum(index, capacity + self.length)
+
+    @_memoize
+    def window_mask(self, sizes):
+        window, capacity = sizes
+        s = mx.arange(capacity + 1)
+        # Slot s holds the last position before the new tokens that is s mod
+        # capacity; the extra slot nothing.
+        kept = s + capacity * ((self.offset - 1 - s) // capacity)
+        kept = mx.where(s < capacity, kept, -1)
+        keys = mx.concatenate([kept, mx.where(self.real, self.pos, -1)], axis=1)
+        keys, q = keys[:, None], self.pos[..., None]
+        return (keys >= 0) & (keys <= q) & (keys > q - window)
+
+    @_memoize
+    def bands(self, sizes):
+        window, capacity, block = sizes
+        blocks = -(-self.length // block)
+        first = self.shift[:, None, None] + block * mx.arange(blocks)[:, None]
+        pos = first - window + 1 + mx.arange(block + window - 1)
+        q = (first + mx.arange(block))[..., None]
+        k = pos[:, :, None]
+        return self._fetched(pos, capacity), (k >= 0) & (k <= q) & (k > q - window)
+
+    @_memoize
+    def entries(self, ratio):
+        n = max((o + c) // ratio for o, c in zip(self.offsets, self.counts))
+        return n, (self.pos + 1) // ratio
+
+    @_memoize
+    def pool_mask(self, ratio):
+        n, visible = self.entries(ratio)
+        return mx.arange(n) < visible[..., None]
+
+    @_memoize
+    def keys_mask(self, sizes):
+        window, capacity, ratio = sizes
+        mask = self.window_mask((window, capacity))
+        if ratio is None:
+            return mask
+        return mx.concatenate([mask, self.pool_mask(ratio)], axis=-1)
+
+    @_memoize
+    def windows(self, sizes):
+        ratio, span, before = sizes
+        first = [o // ratio for o in self.offsets]
+        closed = max(
+            (o + c) // ratio - f for o, c, f in zip(self.offsets, self.counts, first)
+        )
+        if closed == 0:
+            return first, 0, None, None
+        pos = (mx.array(first)[:, None] - before) * ratio + mx.arange(
+            (closed + before) * ratio
+        )
+        idx = mx.where(
+            pos < self.offset,
+            mx.where(pos < 0, span, pos % span),
+            span + 1 + pos - self.offset + self.start,
+        )
+        # A row that closes fewer windows pools garbage into slots it has not
+        # reached; they are masked until it overwrites them.
+        idx = mx.minimum(idx, span + self.length)[..., None]
+        return first, closed, pos, idx
 
 
 class Compressor(nn.Module):
@@ -222,14 +311,19 @@ class Compressor(nn.Module):
     def __call__(
         self, x: mx.array, cache: CompressorCache, rows: WindowRows
     ) -> Optional[mx.array]:
-        """The pool after x (entry w of a row in its slot w), or None: each
-        window of ratio rows that x closes pooled into one entry."""
-        pool = partial(self._pool, _pool_step if x.shape[1] <= _STEP_ROWS else _pool)
-        return cache.update_and_fetch(self.wkv(x), self.wgate(x), rows, pool)
-
-    def _pool(self, pool, kv, gate, idx, pos, first):
+        kv, gate = self.wkv(x), self.wgate(x)
+        windows = self.ratio, cache.span, int(self.overlap)
+        first, closed, pos, idx = rows.windows(windows)
+        slots = rows.slot_index((cache.span, kv.shape[-1]))
+        kv_rows, gate_rows = cache.update_and_fetch(kv, gate, slots)
+        if closed == 0:
+            return cache.pool
+        pool = _pool_step if x.shape[1] <= _STEP_ROWS else _pool
         args = self.ape, self.norm.weight, self._freqs, self.ratio, self.overlap
-        return pool(kv, gate, idx, pos, first, *args, self.norm.eps)
+        entries = pool(
+            kv_rows, gate_rows, idx, pos, mx.array(first), *args, self.norm.eps
+        )
+        return cache.update_pool(entries.astype(kv.dtype), first)
 
 
 def _pool(
@@ -275,17 +369,13 @@ class Indexer(nn.Module):
     def __call__(
         self, x: mx.array, qr: mx.array, cache: CompressorCache, rows: WindowRows
     ) -> Optional[mx.array]:
-        """The entries each query attends to [B, L, k], or None where every
-        visible entry is picked."""
         keys = self.compressor(x, cache, rows)
         n, visible = rows.entries(self.ratio)
         if n <= self.index_topk:
             return None
         batch, length, _ = x.shape
         q = self.wq_b(qr).reshape(batch, length, self.n_heads, self.head_dim)
-        rope = _rope_step if length <= _STEP_ROWS else _rope
-        q = rope(q.transpose(0, 2, 1, 3), self._freqs, rows.shift)
-        # In the keys' dtype: a float32 copy of the pool costs more than it gains.
+        q = _rope(q.transpose(0, 2, 1, 3), self._freqs, rows.shift)
         q = q.swapaxes(1, 2).astype(keys.dtype)
         keys = keys[:, None, :n].swapaxes(-1, -2)
         weights = self.weights_proj(x)
@@ -305,8 +395,6 @@ class Indexer(nn.Module):
 
 
 def _index_scores(scores, weights, entries, visible, scale):
-    """Each entry's score: its heads' positive scores, weighted, summed in
-    float32; -inf for the entries a query does not see [B, L, n]."""
     weights = weights.astype(mx.float32)[..., None] * scale
     scores = mx.sum(mx.maximum(scores, 0).astype(mx.float32) * weights, axis=-2)
     return mx.where(entries < visible[..., None], scores, -mx.inf)
@@ -329,7 +417,6 @@ class Attention(nn.Module):
         )
         self.wkv = nn.Linear(args.hidden_size, self.head_dim, bias=False)
         self.kv_norm = nn.RMSNorm(self.head_dim, eps=args.rms_norm_eps)
-        # One projection per group of heads: [o_groups, o_lora_rank, group dims].
         self.wo_a = SwitchLinear(
             self.n_heads * self.head_dim // args.o_groups,
             args.o_lora_rank,
@@ -358,12 +445,11 @@ class Attention(nn.Module):
         qr = self.q_norm(self.wq_a(x))
         q = self.wq_b(qr).reshape(batch, length, self.n_heads, self.head_dim)
         q = mx.fast.rms_norm(q, None, self.eps).transpose(0, 2, 1, 3)
-        rope = _rope_step if length <= _STEP_ROWS else _rope
-        q = rope(q, self._freqs, rows.shift)
-        kv = rope(self.kv_norm(self.wkv(x)), self._freqs, rows.shift)
+        q = _rope(q, self._freqs, rows.shift)
+        kv = _rope(self.kv_norm(self.wkv(x)), self._freqs, rows.shift)
 
-        # Keys: the window, then the visible HCA pool or a CSA query's top-k.
-        window = cache.update_and_fetch(kv, rows)
+        slots = rows.slot_index((cache.window.capacity, kv.shape[-1]))
+        window = cache.update_and_fetch(kv, slots)
         pool = seen = chosen = None
         if self.kind != SLIDING:
             entries = self.compressor(x, cache.compressor, rows)
@@ -373,7 +459,6 @@ class Attention(nn.Module):
             if chosen is None:
                 pool = entries[:, :n] if n > 0 else None
             elif length == 1:
-                # One query: its entries are the keys of all its heads.
                 pool = mx.take_along_axis(entries, chosen[:, 0, :, None], axis=1)
                 seen = chosen < visible[..., None]
             else:
@@ -387,10 +472,6 @@ class Attention(nn.Module):
         return self._output(out, rows)
 
     def _dense(self, q, window, pool, seen, rows):
-        """Attention of queries that share their keys: the window rows and
-        the pool entries ``seen`` [B, L, n] (None: every entry a query can
-        see). A prompt's queries go in blocks of ``_QUERY_BLOCK``, each over
-        the window rows it spans, not over every key of the chunk."""
         batch, heads, length, dims = q.shape
         sizes = self.window, window.shape[1] - 1 - length
         ratio = None if pool is None else self.compressor.ratio
@@ -398,22 +479,14 @@ class Attention(nn.Module):
         if blocks == 1:
             keys = window if pool is None else mx.concatenate([window, pool], 1)
             if seen is None:
-                # No choice of entries: the layers of a ratio share the mask.
                 mask = rows.keys_mask((*sizes, ratio))
             else:
                 mask = mx.concatenate([rows.window_mask(sizes), seen], axis=-1)
-            if length <= _STEP_ROWS:
+            if length == 1:
                 # The heads' queries as the rows of one matmul (one key head).
-                scores = q.reshape(batch, heads * length, dims) @ keys.swapaxes(-1, -2)
-                if length == 1:
-                    weights = _sink_softmax(scores, mask, self.attn_sink, self.scale)
-                else:
-                    scores = scores.reshape(batch, heads, length, -1)
-                    weights = _rows_sink_softmax(
-                        scores, mask, self.attn_sink, self.scale
-                    )
-                    weights = weights.reshape(batch, heads * length, -1)
-                return (weights @ keys).reshape(batch, heads, length, dims)
+                scores = q.reshape(batch, heads, dims) @ keys.swapaxes(-1, -2)
+                weights = _sink_softmax(scores, mask, self.attn_sink, self.scale)
+                return (weights @ keys).reshape(batch, heads, 1, dims)
             keys, mask = keys[:, None], mask[:, None]
         else:
             block = _QUERY_BLOCK
@@ -448,9 +521,7 @@ class Attention(nn.Module):
     def _output(self, out: mx.array, rows: WindowRows) -> mx.array:
         batch, _, length, _ = out.shape
         # Undo the keys' rotation at the query position.
-        rope = _rope_step if length <= _STEP_ROWS else _rope
-        out = rope(out, self._inverse_freqs, rows.shift)
-        # Each group of heads has its own projection: [B, groups, L, dims].
+        out = _rope(out, self._inverse_freqs, rows.shift)
         if length == 1:
             out = out.reshape(batch, self.o_groups, 1, -1)
         else:
@@ -468,22 +539,12 @@ class Attention(nn.Module):
 
 @partial(mx.compile, shapeless=True)
 def _sink_softmax(scores, mask, sinks, scale):
-    """Softmax in float32 of the scores times ``scale`` over the keys a query
-    sees and its head's sink ([heads], next to the keys' axis); the weights
-    of the keys in the scores' dtype."""
     logits = mx.where(mask, scores.astype(mx.float32) * scale, -mx.inf)
     sinks = sinks[:, None]
     top = mx.maximum(logits.max(axis=-1, keepdims=True), sinks)
     weights = mx.exp(logits - top)
     total = weights.sum(axis=-1, keepdims=True) + mx.exp(sinks - top)
     return (weights / total).astype(scores.dtype)
-
-
-@partial(mx.compile, shapeless=True)
-def _rows_sink_softmax(scores, mask, sinks, scale):
-    """``_sink_softmax`` of several queries a head [B, heads, L, keys], each
-    query's mask [B, L, keys]."""
-    return _sink_softmax(scores, mask[:, None], sinks[:, None], scale)
 
 
 class Router(nn.Module):
@@ -494,7 +555,6 @@ class Router(nn.Module):
         )
         self.top_k = args.num_experts_per_tok
         if hashed:
-            # Hash layers pick their experts by token id.
             self.tid2eid = mx.zeros((args.vocab_size, self.top_k), dtype=mx.int32)
             self.freeze(recurse=False, keys="tid2eid")
         else:
@@ -535,8 +595,7 @@ _route_step = mx.compile(_route)
 
 
 class HashTablesFrozen:
-    """Unfreezing leaves the hash layers' expert tables frozen: integer
-    lookups, never trained."""
+    """Unfreezing leaves the hash layers' expert tables (integers) frozen."""
 
     def unfreeze(self, **kwargs) -> nn.Module:
         super().unfreeze(**kwargs)
@@ -572,16 +631,12 @@ class MoE(nn.Module):
 
 
 class HyperConnection(deepseek_v41.HyperConnection):
-    """DeepSeek-V4.1's hyper-connection, with its collapse and expand in
-    compiled calls."""
 
     def _args(self):
         return (self.fn, self.base, self.scale, self._scale_ids, self._eps)
 
     def collapse(self, streams: mx.array):
-        """The streams mixed into one, and the post and comb mixes."""
         if streams.shape[1] <= _STEP_ROWS:
-            # A decode step in one compiled call (its shapes repeat).
             args = self.iters, self.hc_eps, self.norm_eps, not self.training
             return _mix_and_collapse(streams, *self._args(), *args)
         pre, post, comb = self(streams)
@@ -590,7 +645,6 @@ class HyperConnection(deepseek_v41.HyperConnection):
         return _collapse_by_stream(weights, parts), post, comb
 
     def expand(self, x: mx.array, streams: mx.array, post: mx.array, comb: mx.array):
-        """The layer's output x written back into the streams."""
         if streams.shape[1] <= _STEP_ROWS:
             return _compiled_expand(x, streams, post, comb)
         rows = [comb[:, :, i] for i in range(self.hc)]
@@ -608,22 +662,20 @@ _compiled_expand = mx.compile(expand, shapeless=True)
 
 
 def _weighted_sum(weights, streams):
-    """The streams, each times its float32 weights, summed one at a time."""
     out = mx.expand_dims(weights[0], -1) * streams[0]
     for w, stream in zip(weights[1:], streams[1:]):
         out = out + mx.expand_dims(w, -1) * stream
     return out
 
 
+# By stream: no float32 copy of the streams, no [B, L, hc, hc, D] product.
 @partial(mx.compile, shapeless=True)
 def _collapse_by_stream(weights, streams):
-    """``collapse`` one stream at a time: no float32 copy of the streams."""
     return _weighted_sum(weights, streams).astype(streams[0].dtype)
 
 
 @partial(mx.compile, shapeless=True)
 def _expand_by_stream(x, post, comb_rows, streams):
-    """``expand`` one input stream at a time: no [B, L, hc, hc, D] product."""
     mixed = _weighted_sum(comb_rows, streams)
     out = mx.expand_dims(post, -1) * mx.expand_dims(x, -2) + mixed
     return out.astype(streams[0].dtype)
@@ -691,8 +743,7 @@ class DeepseekV4Model(PipelineMixin, nn.Module):
         h = self.embed_tokens(inputs)
         batch, length, dims = h.shape
         h = mx.broadcast_to(h[:, :, None], (batch, length, self.hc_mult, dims))
-        # Every layer's cache holds the same rows.
-        rows = cache[0].forward_rows(length, batch)
+        rows = WindowRows(*cache[0].row_spans(length, batch), length)
         rank, size = self.pipeline_rank, self.pipeline_size
         h = mx.distributed.recv_like(h, rank + 1) if rank < size - 1 else h
         for layer, layer_cache in zip(self.pipeline_layers, cache):
@@ -703,13 +754,13 @@ class DeepseekV4Model(PipelineMixin, nn.Module):
             cache[-1].window.kv = mx.depends(cache[-1].window.kv, h)
         out = self.norm(self.hc_head(h))
         out = mx.distributed.all_gather(out)[:batch] if size > 1 else out
-        # Evaluating the output also materializes every cache array, so no
-        # cache field keeps a growing lazy graph, without a host sync.
+        # Evaluating the output materializes every cache array: the caches'
+        # graphs stay bounded (Metal aborts past its resource limit) without
+        # a host sync a step.
         return mx.depends(out, _cache_arrays(cache))
 
 
 def _ue8m0(scale: mx.array) -> mx.array:
-    """Power-of-two scales as biased exponents, the scales of MLX's mx modes."""
     if scale.dtype == mx.uint8:
         return scale
     exponent = mx.log2(scale.astype(mx.float32))
@@ -719,13 +770,8 @@ def _ue8m0(scale: mx.array) -> mx.array:
 
 
 def _repack(weight: mx.array, scale: mx.array, block=(32, 32)) -> tuple:
-    """Put an fp8 or fp4 weight and its ue8m0 scale in MLX's mxfp8 or mxfp4
-    layout, without dequantizing.
-
-    fp8 (uint8 e4m3) has one scale per ``block`` of rows x columns, repeated
-    here to one per row and 32 columns. fp4 (int8, two e2m1 values per byte,
-    the low nibble first) already has one scale per row and 32 columns.
-    """
+    # fp8: a scale a block, repeated to one a row and 32 columns; fp4 (two
+    # e2m1 a byte, low nibble first) has one a row and 32 columns.
     *lead, rows, cols = weight.shape
     if weight.dtype == mx.int8:
         cols, block = 2 * cols, (1, 32)
@@ -801,8 +847,6 @@ class Model(HashTablesFrozen, nn.Module):
         return WindowCompressorCache(window, compressor, indexer)
 
     def shard(self, group: Optional[mx.distributed.Group] = None) -> None:
-        """Split attention heads, by whole output groups, and the hidden units
-        of every expert over the ranks of group."""
         group = group or mx.distributed.init()
         n = group.size()
         fields = ("num_attention_heads", "o_groups", "moe_intermediate_size")
@@ -825,7 +869,6 @@ class Model(HashTablesFrozen, nn.Module):
 
         for layer in self.layers:
             attn = layer.attn
-            # The projections into and out of the heads communicate.
             attn.wq_b = shard_linear(attn.wq_b, "all-to-sharded", group=group)
             attn.wo_b = shard_linear(attn.wo_b, "sharded-to-all", group=group)
             shard_inplace(layer, split_axis, group=group)
@@ -835,13 +878,10 @@ class Model(HashTablesFrozen, nn.Module):
             layer.ffn.sharding_group = group
 
     def sanitize(self, weights: Dict[str, mx.array]) -> Dict[str, mx.array]:
-        """Map every known checkpoint layout onto this model's names, keeping
-        DeepSeek's fp8 and fp4 weights packed (mxfp8 and mxfp4 scales)."""
         args = self.args
         block = (args.quantization_config or {}).get("weight_block_size", (128, 128))
         out, parts, problems = {}, {}, {}
         for key, value in weights.items():
-            # The MTP block is only used for speculative decoding.
             if _MTP_KEY.search(key):
                 continue
             name = key
@@ -884,7 +924,6 @@ class Model(HashTablesFrozen, nn.Module):
             )
         for name, value in out.items():
             if ".attn.wo_a." in name and value.ndim == 2:
-                # One 2-D weight holds all the output groups.
                 out[name] = value.reshape(args.o_groups, -1, value.shape[-1])
             elif name.endswith(".tid2eid"):
                 out[name] = value.astype(mx.int32)
