@@ -21,6 +21,8 @@ class TestHyperConnectionKernels(unittest.TestCase):
         hc.fn = 0.5 * mx.random.normal(hc.fn.shape)
         hc.base = mx.random.normal(hc.base.shape)
         hc.scale = mx.array([0.7, 1.3, 0.9])
+        # Loaded models are in eval mode; training runs the ops.
+        hc.eval()
         return hc
 
     @staticmethod
@@ -81,7 +83,8 @@ class TestHyperConnectionKernels(unittest.TestCase):
             switch("yes", cuda=True)
 
         # collapse and expand follow the switch on a GPU, and take the ops
-        # for more tokens than a CUDA grid's second axis holds.
+        # in training mode and for more tokens than a CUDA grid's second axis
+        # holds.
         limit = deepseek_v4._MAX_KERNEL_TOKENS
         one, two = mx.zeros((1, limit, 4, 8)), mx.zeros((2, limit, 4, 8))
         with mock.patch.object(
@@ -89,8 +92,9 @@ class TestHyperConnectionKernels(unittest.TestCase):
         ), mock.patch.object(mx, "default_device", return_value=mx.gpu):
             for on in (False, True):
                 with mock.patch.object(deepseek_v4, "_HC_KERNELS", on):
-                    self.assertEqual(deepseek_v4._use_hc_kernels(one), on)
-                    self.assertFalse(deepseek_v4._use_hc_kernels(two))
+                    self.assertEqual(deepseek_v4._use_hc_kernels(one, False), on)
+                    self.assertFalse(deepseek_v4._use_hc_kernels(one, True))
+                    self.assertFalse(deepseek_v4._use_hc_kernels(two, False))
 
     def test_kernels_have_the_gradient_of_the_ops(self):
         # Stand-ins with the kernels' calls and, like GPU kernels, no
