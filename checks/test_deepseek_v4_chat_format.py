@@ -43,11 +43,24 @@ from test_deepseek_v4_chat import (  # noqa: E402
 )
 
 from mlx_lm.chat_templates.deepseek_v4 import (  # noqa: E402
+    REASONING_EFFORT_ABSOLUTE,
     REASONING_EFFORT_BEYOND,
-    REASONING_EFFORT_HIGH,
     apply_chat_template,
+    assistant_token,
     bos_token,
-    special_tokens,
+    eos_token,
+    thinking_end_token,
+    thinking_start_token,
+    user_token,
+)
+
+special_tokens = (
+    bos_token,
+    eos_token,
+    user_token,
+    assistant_token,
+    thinking_start_token,
+    thinking_end_token,
 )
 
 SYS_WEATHER = msg("system", "Be brief.", tools=[WEATHER])
@@ -235,16 +248,16 @@ class TestDeepseekV4ChatFormat(unittest.TestCase):
         encoder = "raise SystemExit('executed')\nREASONING_EFFORT_MAX = ''\n"
         own = self.checkpoint("own-encoder", {"dspark_block_size": 5}, encoder)
         for tokenizer, effort, prompt in [
-            (original, "max", REASONING_EFFORT_HIGH),
+            (original, "max", REASONING_EFFORT_ABSOLUTE),
             (original, "high", ""),
             (original, None, ""),
             (dspark, "max", REASONING_EFFORT_BEYOND),
-            (dspark, "high", REASONING_EFFORT_HIGH),
+            (dspark, "high", REASONING_EFFORT_ABSOLUTE),
             # DeepSeek's API: "medium" and none given are 0731's "high".
-            (dspark, "medium", REASONING_EFFORT_HIGH),
+            (dspark, "medium", REASONING_EFFORT_ABSOLUTE),
             (dspark, "low", ""),
-            (dspark, None, REASONING_EFFORT_HIGH),
-            (own, "max", REASONING_EFFORT_HIGH),
+            (dspark, None, REASONING_EFFORT_ABSOLUTE),
+            (own, "max", REASONING_EFFORT_ABSOLUTE),
         ]:
             with self.subTest(effort=effort, path=tokenizer.name_or_path):
                 kwargs = {} if effort is None else {"reasoning_effort": effort}
@@ -253,7 +266,7 @@ class TestDeepseekV4ChatFormat(unittest.TestCase):
                 )
         # --chat-template-config / chat_template_kwargs name the format.
         out = self.render(dspark, reasoning_effort="max", chat_format="original")
-        self.assertEqual(out, bos_token + REASONING_EFFORT_HIGH + TAIL)
+        self.assertEqual(out, bos_token + REASONING_EFFORT_ABSOLUTE + TAIL)
 
 
 if __name__ == "__main__":

@@ -226,6 +226,32 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
                 [hi], add_generation_prompt=True, continue_final_message=True
             )
 
+    def test_thinking_drops_developer_messages_before_the_last_user_turn(self):
+        messages = [
+            msg("developer", "Answer in French."),
+            user("Hi"),
+            assistant("Salut.", "greet"),
+            user("Again"),
+        ]
+        rest = f"{user_token}Hi<｜Assistant｜>"
+        end = "<｜end▁of▁sentence｜><｜User｜>Again<｜Assistant｜>"
+        for kwargs, want in (
+            ({}, f"{bos_token}{rest}</think>Salut.{end}<think>"),
+            (
+                {"enable_thinking": False},
+                f"{bos_token}{user_token}Answer in French.{rest}</think>Salut.{end}</think>",
+            ),
+            (
+                {"drop_thinking": False},
+                f"{bos_token}{user_token}Answer in French.{rest}<think>greet</think>Salut.{end}<think>",
+            ),
+        ):
+            with self.subTest(**kwargs):
+                out = apply_chat_template(
+                    messages, add_generation_prompt=True, **kwargs
+                )
+                self.assertEqual(out, want)
+
     def test_continue_final_message_leaves_a_user_turn_open(self):
         # As mlx_lm.cache_prompt asks: the turn ends where its text ends.
         for role in ("user", "developer"):

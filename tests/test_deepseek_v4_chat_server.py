@@ -15,10 +15,23 @@ from test_deepseek_v4_chat import ASK, CALLS, TOOLS, TOOLS_BLOCK, tool
 
 from mlx_lm.chat_templates.deepseek_v4 import (
     apply_chat_template,
+    assistant_token,
     bos_token,
     eos_token,
-    special_tokens,
+    thinking_end_token,
+    thinking_start_token,
+    user_token,
 )
+
+special_tokens = (
+    bos_token,
+    eos_token,
+    user_token,
+    assistant_token,
+    thinking_start_token,
+    thinking_end_token,
+)
+
 
 DSML = "｜DSML｜"
 WEATHER = {

@@ -530,7 +530,23 @@ def make_folder(path, config=FOLDER_CONFIG):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from mlx_lm.chat_templates.deepseek_v4 import special_tokens
+    from mlx_lm.chat_templates.deepseek_v4 import (
+        assistant_token,
+        bos_token,
+        eos_token,
+        thinking_end_token,
+        thinking_start_token,
+        user_token,
+    )
+
+    special_tokens = (
+        bos_token,
+        eos_token,
+        user_token,
+        assistant_token,
+        thinking_start_token,
+        thinking_end_token,
+    )
 
     path.mkdir(parents=True)
     model = make_model({**config, "mtp": True})

@@ -111,7 +111,23 @@ def write_tokenizer(path, vocab_size):
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
-    from mlx_lm.chat_templates.deepseek_v4 import special_tokens
+    from mlx_lm.chat_templates.deepseek_v4 import (
+        assistant_token,
+        bos_token,
+        eos_token,
+        thinking_end_token,
+        thinking_start_token,
+        user_token,
+    )
+
+    special_tokens = (
+        bos_token,
+        eos_token,
+        user_token,
+        assistant_token,
+        thinking_start_token,
+        thinking_end_token,
+    )
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

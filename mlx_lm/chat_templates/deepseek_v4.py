@@ -25,16 +25,6 @@ latest_reminder_token = "<｜latest_reminder｜>"
 thinking_start_token = "<think>"
 thinking_end_token = "</think>"
 dsml_token = "｜DSML｜"
-# The tokens of the format a tokenizer must have.
-special_tokens = (
-    bos_token,
-    eos_token,
-    user_token,
-    assistant_token,
-    thinking_start_token,
-    thinking_end_token,
-)
-
 task_tokens = {
     "action": "<｜action｜>",
     "query": "<｜query｜>",
@@ -44,7 +34,7 @@ task_tokens = {
     "read_url": "<｜read_url｜>",
 }
 
-REASONING_EFFORT_HIGH = (
+REASONING_EFFORT_ABSOLUTE = (
     "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"
     "You MUST be very thorough in your thinking and comprehensively decompose "
     "the problem to resolve the root cause, rigorously stress-testing your "
@@ -69,8 +59,12 @@ REASONING_EFFORT_BEYOND = (
 # BOS in thinking mode, and the effort of a request that names none. 0731's
 # "high" is the original's "max" prompt.
 REASONING_EFFORT_PROMPTS = {
-    "original": {"high": "", "max": REASONING_EFFORT_HIGH},
-    "0731": {"low": "", "high": REASONING_EFFORT_HIGH, "max": REASONING_EFFORT_BEYOND},
+    "original": {"high": "", "max": REASONING_EFFORT_ABSOLUTE},
+    "0731": {
+        "low": "",
+        "high": REASONING_EFFORT_ABSOLUTE,
+        "max": REASONING_EFFORT_BEYOND,
+    },
 }
 DEFAULT_REASONING_EFFORT = {"original": "high", "0731": "low"}
 
@@ -234,21 +228,23 @@ def _last_user(messages) -> int:
     )
 
 
-# Kept before the last user turn, as DeepSeek's encoder does.
-_KEPT_ROLES = ("user", "system", "latest_reminder", "direct_search_results")
+# Kept before the last user turn, as DeepSeek's encoder does (an assistant's
+# reasoning there is not rendered).
+_KEPT_ROLES = (
+    "user",
+    "system",
+    "assistant",
+    "latest_reminder",
+    "direct_search_results",
+)
 
 
 def _drop_thinking(messages):
-    """Before the last user turn: no reasoning, no developer messages."""
+    """Before the last user turn: no developer messages."""
     last_user = _last_user(messages)
-    kept = []
-    for i, message in enumerate(messages):
-        role = message["role"]
-        if i >= last_user or role in _KEPT_ROLES:
-            kept.append(message)
-        elif role == "assistant":
-            kept.append({k: v for k, v in message.items() if k != "reasoning_content"})
-    return kept
+    return [
+        m for i, m in enumerate(messages) if i >= last_user or m["role"] in _KEPT_ROLES
+    ]
 
 
 def _render_message(i, messages, thinking, drop_thinking, last_user):

@@ -13,8 +13,6 @@ import json
 import re
 from typing import Any, Optional
 
-from ..chat_templates.deepseek_v32 import to_json
-
 dsml = "｜DSML｜"
 tool_call_start = f"\n\n<{dsml}tool_calls>"
 tool_call_end = ""
@@ -31,24 +29,14 @@ def _until(text, i, stops):
     return p + len(stop), text[i:p], stop
 
 
-def _arguments(params):
-    # The arguments as the JSON text DeepSeek's parser writes, if it is JSON.
-    pairs = [
-        f"{to_json(k)}: {to_json(v) if s == 'true' else v}" for k, (v, s) in params
-    ]
-    try:
-        return json.loads("{" + ", ".join(pairs) + "}")
-    except ValueError:
-        return {k: _value(v, s) for k, (v, s) in params}
-
-
 def _value(raw, string):
+    """A parameter's value: as written where ``string="true"``, else its JSON."""
     if string == "true":
         return raw
     try:
         return json.loads(raw)
     except ValueError:
-        return raw.strip()
+        return raw
 
 
 def _parse_exact(text):
@@ -82,7 +70,7 @@ def _parse_exact(text):
             i, gap, stop = _until(text, i, [param, invoke_end])
             if gap != ">\n":
                 return None
-        calls.append({"name": name[1], "arguments": _arguments(params)})
+        calls.append({"name": name[1], "arguments": {k: _value(*v) for k, v in params}})
         i, gap, stop = _until(text, i, [invoke, block_end])
 
 
