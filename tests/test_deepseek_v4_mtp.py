@@ -23,6 +23,7 @@ from mlx_lm.generate import (
 )
 from mlx_lm.generate import main as generate_main
 from mlx_lm.generate import (
+    setup_arg_parser,
     speculative_generate_step,
     stream_generate,
 )
@@ -600,6 +601,34 @@ class TestMTPCommands(unittest.TestCase):
                 steps = generate_step(rest, self.model, prompt_cache=cache)
             tokens.append([s[0] for s in zip(range(24), steps)])
         self.assertEqual(tokens[0], tokens[1])
+
+    def test_one_default_number_of_drafts(self):
+        # What mlx_lm.generate and mlx_lm.server draft a step by default is
+        # what stream_generate and BatchGenerator draft with mtp=True.
+        default = setup_arg_parser().parse_args([]).num_draft_tokens
+        argv = ["mlx_lm.server", "--model", str(self.path)]
+        with mock.patch.object(server, "run") as run:
+            with mock.patch.object(sys, "argv", argv):
+                server.main()
+        self.assertEqual(run.call_args.args[2].cli_args.num_draft_tokens, default)
+
+        prompt = self.tokenizer.encode("The quick brown fox")
+        steps = stream_generate(self.model, self.tokenizer, prompt, max_tokens=60)
+        oracle = Oracle(self.model, [prompt + [r.token for r in steps]])
+        steps = stream_generate(oracle, self.tokenizer, prompt, max_tokens=60, mtp=True)
+        drafted, run = [], 0
+        for r in steps:
+            run = run + 1 if r.from_draft else 0
+            drafted.append(run)
+        self.assertEqual(max(drafted), default)
+
+        generator = BatchGenerator(oracle, mtp=True, stop_tokens=set())
+        generator.insert([prompt], max_tokens=[60])
+        rounds = []
+        while responses := generator.next_generated():
+            rounds.append(len(responses))
+        generator.close()
+        self.assertEqual(max(rounds), default + 1)
 
     def test_server_batches_concurrent_requests(self):
         # Requests at once with --mtp decode as rows of one batch with MTP,
