@@ -408,7 +408,7 @@ class TestMTPCommands(unittest.TestCase):
                 timeout=300,
             )
             self.assertNotEqual(run.returncode, 0)
-            self.assertIn("has no MTP block", run.stderr)
+            self.assertIn("checkpoint has no drafter for --mtp", run.stderr)
 
     def test_cache_prompt_file_drafts_with_mtp(self):
         # mlx_lm.cache_prompt --mtp saves the block's cache after the model's;

@@ -3,6 +3,9 @@
 import contextlib
 import io
 import json
+import shutil
+import socket
+import subprocess
 import sys
 import tempfile
 import threading
@@ -20,11 +23,12 @@ from mlx_lm.generate import (
 )
 from mlx_lm.generate import main as generate_main
 from mlx_lm.generate import (
+    setup_arg_parser,
     speculative_generate_step,
     stream_generate,
 )
 from mlx_lm.sample_utils import make_sampler
-from mlx_lm.utils import load
+from mlx_lm.utils import _get_classes, load
 from test_deepseek_v4_trim import ServerThread
 
 from mlx_lm import cache_prompt, server
@@ -95,6 +99,17 @@ CONFIG = {
     "mtp": True,
 }
 PROMPT = mx.array([5, 17, 33, 2, 61, 40, 7, 7, 12, 50, 3, 28, 44, 19, 8] * 3)
+# A model that has no drafter.
+LLAMA = {
+    "model_type": "llama",
+    "vocab_size": 300,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 1,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 4,
+    "rms_norm_eps": 1e-5,
+}
 
 
 def make_model(config=CONFIG, seed=0):
@@ -144,6 +159,21 @@ def make_model_folder(path, config=CONFIG):
     PreTrainedTokenizerFast(
         tokenizer_object=tokenizer, bos_token=bos_token, eos_token=eos_token
     ).save_pretrained(path)
+    return path
+
+
+def make_llama_folder(path, tokenizer_folder):
+    """A Llama folder with the tokenizer of ``tokenizer_folder``."""
+    shutil.copytree(
+        tokenizer_folder,
+        path,
+        ignore=shutil.ignore_patterns("config.json", "*.safetensors"),
+    )
+    model_class, args_class = _get_classes(LLAMA)
+    model = model_class(args_class.from_dict(LLAMA))
+    weights = dict(tree_flatten(model.parameters()))
+    mx.save_safetensors(str(path / "model.safetensors"), weights)
+    (path / "config.json").write_text(json.dumps(LLAMA))
     return path
 
 
@@ -390,8 +420,15 @@ class TestMTPDecoding(unittest.TestCase):
 
     def test_options_that_cannot_apply_say_so(self):
         no_block = make_model({**CONFIG, "mtp": False})
-        with self.assertRaisesRegex(ValueError, "no MTP block"):
+        with self.assertRaisesRegex(ValueError, "loaded without its drafter"):
             self.spec(no_block)
+        none = make_model({**CONFIG, "num_nextn_predict_layers": 0})
+        with self.assertRaisesRegex(ValueError, "checkpoint has no drafter"):
+            self.spec(none)
+        model_class, args_class = _get_classes(LLAMA)
+        llama = model_class(args_class.from_dict(LLAMA))
+        with self.assertRaisesRegex(ValueError, "llama models have no drafter"):
+            self.spec(llama)
         with self.assertRaisesRegex(ValueError, "draft model"):
             list(speculative_generate_step(PROMPT, self.model, self.model, mtp=True))
         with self.assertRaisesRegex(ValueError, "needs a draft model"):
@@ -399,7 +436,7 @@ class TestMTPDecoding(unittest.TestCase):
         # A cache the block has not followed.
         with self.assertRaisesRegex(ValueError, "in step"):
             self.spec(self.model, prompt_cache=make_prompt_cache(self.model))
-        with self.assertRaisesRegex(ValueError, "no MTP block"):
+        with self.assertRaisesRegex(ValueError, "loaded without its drafter"):
             BatchGenerator(no_block, mtp=True)
         generator = BatchGenerator(self.model, mtp=True)
         with self.assertRaisesRegex(ValueError, "in step"):
@@ -582,6 +619,34 @@ class TestMTPCommands(unittest.TestCase):
             tokens.append([s[0] for s in zip(range(24), steps)])
         self.assertEqual(tokens[0], tokens[1])
 
+    def test_one_default_number_of_drafts(self):
+        # What mlx_lm.generate and mlx_lm.server draft a step by default is
+        # what stream_generate and BatchGenerator draft with mtp=True.
+        default = setup_arg_parser().parse_args([]).num_draft_tokens
+        argv = ["mlx_lm.server", "--model", str(self.path)]
+        with mock.patch.object(server, "run") as run:
+            with mock.patch.object(sys, "argv", argv):
+                server.main()
+        self.assertEqual(run.call_args.args[2].cli_args.num_draft_tokens, default)
+
+        prompt = self.tokenizer.encode("The quick brown fox")
+        steps = stream_generate(self.model, self.tokenizer, prompt, max_tokens=60)
+        oracle = Oracle(self.model, [prompt + [r.token for r in steps]])
+        steps = stream_generate(oracle, self.tokenizer, prompt, max_tokens=60, mtp=True)
+        drafted, run = [], 0
+        for r in steps:
+            run = run + 1 if r.from_draft else 0
+            drafted.append(run)
+        self.assertEqual(max(drafted), default)
+
+        generator = BatchGenerator(oracle, mtp=True, stop_tokens=set())
+        generator.insert([prompt], max_tokens=[60])
+        rounds = []
+        while responses := generator.next_generated():
+            rounds.append(len(responses))
+        generator.close()
+        self.assertEqual(max(rounds), default + 1)
+
     def test_server_batches_concurrent_requests(self):
         # Requests at once with --mtp decode as rows of one batch with MTP,
         # and each gets the text a plain server gives it alone; again through
@@ -629,6 +694,56 @@ class TestMTPCommands(unittest.TestCase):
             self.assertEqual([a["choices"][0]["text"] for _, a in texts], alone)
         self.assertTrue(all(mtp for mtp, _ in sizes))
         self.assertGreaterEqual(max(n for _, n in sizes), 2)
+
+
+class TestMTPWithoutADrafter(unittest.TestCase):
+    """--mtp on a model without a drafter stops the command at start, in one
+    line that names the checkpoints that carry one."""
+
+    @classmethod
+    def setUpClass(cls):
+        cls.dir = tempfile.TemporaryDirectory()
+        tmp = Path(cls.dir.name)
+        cls.no_block = make_model_folder(tmp / "no_block", {**CONFIG, "mtp": False})
+        cls.llama = make_llama_folder(tmp / "llama", cls.no_block)
+
+    @classmethod
+    def tearDownClass(cls):
+        cls.dir.cleanup()
+
+    def test_commands_say_what_is_missing(self):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        commands = {
+            "generate": ["--prompt", "Hello", "--max-tokens", "2"],
+            "cache_prompt": ["--prompt", "Hello"]
+            + ["--prompt-cache-file", "cache.safetensors"],
+            "server": ["--port", str(port)],
+        }
+        models = {
+            self.llama: "llama models have no drafter for --mtp",
+            self.no_block: "This DeepSeek-V4 checkpoint has no drafter for --mtp",
+        }
+        for path, missing in models.items():
+            for command, options in commands.items():
+                with self.subTest(model=path.name, command=command):
+                    cmd = [sys.executable, "-m", "mlx_lm", command]
+                    cmd += ["--model", str(path), "--mtp", *options]
+                    run = subprocess.run(
+                        cmd,
+                        capture_output=True,
+                        text=True,
+                        timeout=300,
+                        cwd=self.dir.name,
+                    )
+                    self.assertEqual(run.returncode, 1, run.stderr)
+                    lines = run.stderr.strip().splitlines()
+                    self.assertEqual(len(lines), 1, run.stderr)
+                    self.assertIn(missing, lines[0])
+                    self.assertIn("V4-Flash-0731 and V4-Pro-0813", lines[0])
+                    self.assertNotIn("model_config", lines[0])
+        self.assertFalse((Path(self.dir.name) / "cache.safetensors").exists())
 
 
 if __name__ == "__main__":

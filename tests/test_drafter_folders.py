@@ -329,6 +329,17 @@ class TestDrafterFolders(unittest.TestCase):
             self.assertEqual(texts[0], texts[1], kind)
             self.assertGreater(len(texts[0].strip()), 0)
 
+    def test_a_target_without_its_drafter_names_mtp_path(self):
+        # What --mtp loads of a checkpoint converted without its drafter.
+        for kind in ("mtp", "dspark"):
+            with self.subTest(kind):
+                path = Path(self.tmp.name) / f"{kind}-target"
+                model, _ = load(str(path), model_config={"mtp": True})
+                with self.assertRaisesRegex(
+                    ValueError, "--mtp PATH loads one from a drafter folder"
+                ):
+                    make_drafter(model)
+
     def broken(self, name, edit, message):
         """``edit`` a copy of folder ``name``'s weights (and config); the load
         fails in one line naming the key, leaving the target as it was."""

@@ -245,6 +245,8 @@ class TestCommandsWithBadModelFolders(TemporaryFolderTestCase):
         commands = {
             "generate": ["--model", path, "--max-tokens", "2"],
             "chat": ["--model", path],
+            "cache_prompt": ["--model", path, "--prompt", "w9 w10"]
+            + ["--prompt-cache-file", self.tmp / "cache.safetensors"],
             "convert": ["--hf-path", path, "--mlx-path", self.tmp / "converted"],
             "lora": ["--model", path, "--train", "--data", self.tmp]
             + ["--adapter-path", self.tmp / "adapters"],

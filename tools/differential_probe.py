@@ -202,6 +202,11 @@ def run_clis(name, model, work):
         ["--model", model, "--prompt-cache-file", cache, "--prompt", PROMPT * 3],
     )
     out["cache_prompt.file"] = cache_file_summary(cache)
+    out["cache_prompt.bad_model"] = cli(
+        "cache_prompt",
+        ["--model", f"{work}/missing", "--prompt-cache-file", f"{cache}.none"]
+        + ["--prompt", PROMPT],
+    )
     out["generate.from_cache"] = cli(
         "generate",
         gen + ["--prompt-cache-file", cache, "--prompt", " jumps over"],

@@ -261,12 +261,18 @@ def check_mtp(model: nn.Module, draft_model: Optional[nn.Module] = None):
     block."""
     if draft_model is not None:
         raise ValueError("Drafting with MTP and a draft model are exclusive.")
-    if not (hasattr(model, "mtp_draft") and getattr(model, "mtp", None)):
+    if hasattr(model, "mtp_draft") and getattr(model, "mtp", None):
+        return
+    if not getattr(getattr(model, "args", None), "mtp", False):
         raise ValueError(
-            f"The model ({type(model).__module__}) has no MTP block to draft "
-            "with: its checkpoint has none, or it was loaded without it "
-            '(load(..., model_config={"mtp": True}) loads it).'
+            f"The model ({type(model).__module__}) was loaded without its "
+            'drafter: load(..., model_config={"mtp": True}) loads it.'
         )
+    raise ValueError(
+        "This DeepSeek-V4 checkpoint has no drafter for --mtp (mtp=True): "
+        "DeepSeek's releases carry an MTP block, V4-Flash-0731 and "
+        "V4-Pro-0813 a DSpark drafter."
+    )
 
 
 def make_mtp_prompt_cache(model: nn.Module) -> List[Any]:
