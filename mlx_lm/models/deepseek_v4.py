@@ -17,6 +17,7 @@ from .deepseek_v41 import (
     SharedMLP,
     collapse,
     expand,
+    mix_logits,
     mixes,
 )
 from .pipeline import PipelineMixin
@@ -716,9 +717,8 @@ class HyperHead(nn.Module):
         self.scale = mx.ones((1,))
 
     def __call__(self, h: mx.array) -> mx.array:
-        flat = h.reshape(*h.shape[:2], -1).astype(mx.float32)
-        flat = mx.fast.rms_norm(flat, None, self.norm_eps)
-        pre = mx.sigmoid((flat @ self.fn.T) * self.scale + self.base) + self.eps
+        mix = mix_logits(h, self.fn, self.norm_eps).reshape(*h.shape[:2], -1)
+        pre = mx.sigmoid(mix * self.scale + self.base) + self.eps
         return collapse(h, pre)
 
 
