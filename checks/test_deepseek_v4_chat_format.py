@@ -30,6 +30,9 @@ from test_deepseek_v4_chat import (  # noqa: E402
     PARIS,
     PROMPTS_0731,
     REMINDER,
+)
+from test_deepseek_v4_chat import SPECIAL_TOKENS as special_tokens
+from test_deepseek_v4_chat import (  # noqa: E402
     SUNNY,
     SYS,
     TOOLS_BLOCK,
@@ -46,21 +49,7 @@ from mlx_lm.chat_templates.deepseek_v4 import (  # noqa: E402
     REASONING_EFFORT_ABSOLUTE,
     REASONING_EFFORT_BEYOND,
     apply_chat_template,
-    assistant_token,
     bos_token,
-    eos_token,
-    thinking_end_token,
-    thinking_start_token,
-    user_token,
-)
-
-special_tokens = (
-    bos_token,
-    eos_token,
-    user_token,
-    assistant_token,
-    thinking_start_token,
-    thinking_end_token,
 )
 
 SYS_WEATHER = msg("system", "Be brief.", tools=[WEATHER])

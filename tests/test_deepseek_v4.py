@@ -15,16 +15,9 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.generate import BatchGenerator, generate_step
 from mlx_lm.utils import load_model, quantize_model, save_config, save_model
+from test_deepseek_v4_chat import SPECIAL_TOKENS as special_tokens
 
 from mlx_lm import load, stream_generate, tuner
-from mlx_lm.chat_templates.deepseek_v4 import (
-    assistant_token,
-    bos_token,
-    eos_token,
-    thinking_end_token,
-    thinking_start_token,
-    user_token,
-)
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
     BatchWindowCompressorCache,
@@ -34,15 +27,6 @@ from mlx_lm.models.cache import (
     trim_prompt_cache,
 )
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear
-
-special_tokens = (
-    bos_token,
-    eos_token,
-    user_token,
-    assistant_token,
-    thinking_start_token,
-    thinking_end_token,
-)
 
 CSA, HCA = "compressed_sparse_attention", "heavily_compressed_attention"
 # Every layer type and two hash layers; small rates and window so a prompt of

@@ -5,9 +5,23 @@ import unittest
 
 from mlx_lm.chat_templates.deepseek_v4 import (
     apply_chat_template,
+    assistant_token,
     bos_token,
+    eos_token,
     render_tool_calls,
+    thinking_end_token,
+    thinking_start_token,
     user_token,
+)
+
+# The format's tokens a tokenizer for it must have.
+SPECIAL_TOKENS = (
+    bos_token,
+    eos_token,
+    user_token,
+    assistant_token,
+    thinking_start_token,
+    thinking_end_token,
 )
 
 # Conversations, as mlx_lm.server hands them to the encoder (tool call

@@ -7,23 +7,11 @@ from pathlib import Path
 
 from mlx_lm.utils import load_tokenizer
 from test_deepseek_v4_chat import ABSOLUTE, BEYOND, EXPECTED, HI
+from test_deepseek_v4_chat import SPECIAL_TOKENS as special_tokens
 
 from mlx_lm.chat_templates.deepseek_v4 import (
-    assistant_token,
     bos_token,
     eos_token,
-    thinking_end_token,
-    thinking_start_token,
-    user_token,
-)
-
-special_tokens = (
-    bos_token,
-    eos_token,
-    user_token,
-    assistant_token,
-    thinking_start_token,
-    thinking_end_token,
 )
 
 

@@ -527,26 +527,9 @@ def make_folder(path, config=FOLDER_CONFIG):
     """A tiny 0731-shaped checkpoint folder: the target in this model's
     names, the drafter in DeepSeek's (``mtp.0..2``), a byte-level BPE
     tokenizer."""
+    from test_deepseek_v4_chat import SPECIAL_TOKENS as special_tokens
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
-
-    from mlx_lm.chat_templates.deepseek_v4 import (
-        assistant_token,
-        bos_token,
-        eos_token,
-        thinking_end_token,
-        thinking_start_token,
-        user_token,
-    )
-
-    special_tokens = (
-        bos_token,
-        eos_token,
-        user_token,
-        assistant_token,
-        thinking_start_token,
-        thinking_end_token,
-    )
 
     path.mkdir(parents=True)
     model = make_model({**config, "mtp": True})

@@ -29,16 +29,13 @@ from mlx_lm.generate import (
 )
 from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import _get_classes, load
+from test_deepseek_v4_chat import SPECIAL_TOKENS as special_tokens
 from test_deepseek_v4_trim import ServerThread
 
 from mlx_lm import cache_prompt, server
 from mlx_lm.chat_templates.deepseek_v4 import (
-    assistant_token,
     bos_token,
     eos_token,
-    thinking_end_token,
-    thinking_start_token,
-    user_token,
 )
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
@@ -55,16 +52,6 @@ from mlx_lm.models.mtp_drafter import (
     MTPDrafter,
     make_mtp_prompt_cache,
 )
-
-special_tokens = (
-    bos_token,
-    eos_token,
-    user_token,
-    assistant_token,
-    thinking_start_token,
-    thinking_end_token,
-)
-
 
 # A CSA and an HCA layer (the first with hashed experts), in transformers'
 # schema, and the MTP block (window only); "mtp" loads the block.

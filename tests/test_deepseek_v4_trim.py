@@ -17,15 +17,12 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.generate import speculative_generate_step, stream_generate
 from mlx_lm.utils import load
+from test_deepseek_v4_chat import SPECIAL_TOKENS as special_tokens
 
 from mlx_lm import server
 from mlx_lm.chat_templates.deepseek_v4 import (
-    assistant_token,
     bos_token,
     eos_token,
-    thinking_end_token,
-    thinking_start_token,
-    user_token,
 )
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
@@ -35,16 +32,6 @@ from mlx_lm.models.cache import (
     make_prompt_cache,
     trim_prompt_cache,
 )
-
-special_tokens = (
-    bos_token,
-    eos_token,
-    user_token,
-    assistant_token,
-    thinking_start_token,
-    thinking_end_token,
-)
-
 
 # A window layer, a CSA and an HCA layer (hashed experts first).
 CONFIG = {

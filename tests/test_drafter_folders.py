@@ -108,26 +108,9 @@ def quantize_block(model):
 
 
 def write_tokenizer(path, vocab_size):
+    from test_deepseek_v4_chat import SPECIAL_TOKENS as special_tokens
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
-
-    from mlx_lm.chat_templates.deepseek_v4 import (
-        assistant_token,
-        bos_token,
-        eos_token,
-        thinking_end_token,
-        thinking_start_token,
-        user_token,
-    )
-
-    special_tokens = (
-        bos_token,
-        eos_token,
-        user_token,
-        assistant_token,
-        thinking_start_token,
-        thinking_end_token,
-    )
 
     tokenizer = Tokenizer(models.BPE())
     tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

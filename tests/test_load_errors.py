@@ -16,27 +16,14 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes
 from server_fixture import ServerThread
+from test_deepseek_v4_chat import SPECIAL_TOKENS as special_tokens
 
 from mlx_lm import load
 from mlx_lm.chat_templates.deepseek_v4 import (
-    assistant_token,
     bos_token,
     eos_token,
-    thinking_end_token,
-    thinking_start_token,
-    user_token,
 )
 from mlx_lm.models.cache import make_prompt_cache, save_prompt_cache
-
-special_tokens = (
-    bos_token,
-    eos_token,
-    user_token,
-    assistant_token,
-    thinking_start_token,
-    thinking_end_token,
-)
-
 
 # Tiny folders: a Llama; a Mamba, whose cache cannot be quantized; a Qwen3.5,
 # whose config nests its fields in text_config.
