@@ -192,6 +192,13 @@ PATHS = [
         lambda: patched(dsv4, _QUERY_BLOCK=HUGE),
     ),
     (
+        "CSA _sparse gather (pool > _SPARSE_ENTRIES)",
+        "the top-k as a mask on _dense",
+        ["_SPARSE_ENTRIES"],
+        ["prefill"],
+        lambda: patched(dsv4, _SPARSE_ENTRIES=HUGE),
+    ),
+    (
         "top-k in blocks of 512",
         "_TOP_K_BLOCK huge",
         ["_TOP_K_BLOCK"],
@@ -204,7 +211,6 @@ PATHS = [
 # took their place.
 REMOVED = [
     ("_output per token", "L 2-8 take the prompt's layout"),
-    ("CSA _sparse gather", "the top-k as a mask over the pool, _dense"),
     ("compiled _index_scores", "the plain function"),
     ("heads as rows (L 2-8), _rows_sink_softmax", "sdpa, as longer inputs"),
     ("compiled _rope_step", "_rope"),

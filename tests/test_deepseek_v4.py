@@ -7,6 +7,7 @@ import re
 import tempfile
 import unittest
 from pathlib import Path
+from unittest.mock import patch
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -480,12 +481,15 @@ class TestDeepseekV4(unittest.TestCase):
                     mx.async_eval(outs[-1])
                 out = mx.concatenate(outs, axis=1)
                 self.assertLessEqual(max_diff(out, full), 1e-4)
-        for step in (7, 64, 250):
-            with self.subTest(step=step):
+        # Long prompts gather each query's keys from the CSA pool: the same.
+        for step, sparse in ((7, 0), (64, 0), (250, 0), (64, 8), (250, 8)):
+            with self.subTest(step=step, sparse_from=sparse):
                 cache = make_prompt_cache(model)
-                outs = [
-                    model(inputs[:, i : i + step], cache) for i in range(0, n, step)
-                ]
+                entries = sparse or deepseek_v4._SPARSE_ENTRIES
+                with patch.object(deepseek_v4, "_SPARSE_ENTRIES", entries):
+                    outs = [
+                        model(inputs[:, i : i + step], cache) for i in range(0, n, step)
+                    ]
                 out = mx.concatenate(outs, axis=1)
                 self.assertLessEqual(max_diff(out, full), 1e-4)
 

@@ -29,6 +29,8 @@ CSA = "compressed_sparse_attention"
 HCA = "heavily_compressed_attention"
 _QUERY_BLOCK = 128
 _TOP_K_BLOCK = 512
+# Prompts over a CSA pool of more entries gather each query's own keys.
+_SPARSE_ENTRIES = 8192
 # Forwards of up to this many tokens (decode, verify) take the compiled helpers.
 _STEP_ROWS = 8
 
@@ -176,6 +178,7 @@ def make_rope(args: ModelArgs, compressed: bool) -> YarnRoPE:
 
 def _rope_freqs(args: ModelArgs, compressed: bool, dims: int) -> mx.array:
     freqs = make_rope(args, compressed).freqs
+    # An infinite period leaves a pair unrotated: positions rotate the last dims.
     return mx.concatenate([mx.full((dims // 2 - freqs.size,), mx.inf), freqs])
 
 
@@ -244,6 +247,12 @@ class WindowRows:
         keys = mx.concatenate([kept, mx.where(self.real, self.pos, -1)], axis=1)
         keys, q = keys[:, None], self.pos[..., None]
         return (keys >= 0) & (keys <= q) & (keys > q - window)
+
+    @_memoize
+    def window_rows(self, sizes):
+        window, capacity = sizes
+        pos = self.pos[..., None] - window + 1 + mx.arange(window)
+        return self._fetched(pos, capacity), pos >= 0
 
     @_memoize
     def bands(self, sizes):
@@ -462,6 +471,10 @@ class Attention(nn.Module):
             elif length == 1:
                 pool = mx.take_along_axis(entries, chosen[:, 0, :, None], axis=1)
                 seen = chosen < visible[..., None]
+            elif n > _SPARSE_ENTRIES:
+                seen = chosen < visible[..., None]
+                out = self._sparse(q, window, entries, chosen, seen, rows)
+                return self._output(out, rows)
             else:
                 # Several queries: each one's top-k as a mask over the pool.
                 pool = entries[:, :n]
@@ -518,6 +531,31 @@ class Attention(nn.Module):
             out = out.reshape(batch, blocks, heads, -1, dims).swapaxes(1, 2)
             out = out.reshape(batch, heads, -1, dims)[:, :, :length]
         return out
+
+    def _sparse(self, q, window, pool, chosen, seen, rows):
+        # Each query's window rows and top-k entries, gathered for a block of
+        # queries at a time: memory that does not grow with the pool.
+        length = q.shape[2]
+        index, valid = rows.window_rows((self.window, window.shape[1] - 1 - length))
+        q = q.swapaxes(1, 2)
+        window, pool = window[:, None], pool[:, None]
+        out = []
+        for i in range(0, length, _TOP_K_BLOCK):
+            block = slice(i, i + _TOP_K_BLOCK)
+            keys = mx.concatenate(
+                [
+                    mx.take_along_axis(window, index[:, block, :, None], axis=2),
+                    mx.take_along_axis(pool, chosen[:, block, :, None], axis=2),
+                ],
+                axis=2,
+            )
+            mask = mx.concatenate([valid[:, block], seen[:, block]], axis=-1)
+            scores = q[:, block] @ keys.swapaxes(-1, -2)
+            weights = _sink_softmax(
+                scores, mask[:, :, None], self.attn_sink, self.scale
+            )
+            out.append(weights @ keys)
+        return mx.concatenate(out, axis=1).swapaxes(1, 2)
 
     def _output(self, out: mx.array, rows: WindowRows) -> mx.array:
         batch, _, length, _ = out.shape
@@ -633,13 +671,9 @@ class MoE(nn.Module):
 
 class HyperConnection(deepseek_v41.HyperConnection):
 
-    def _args(self):
-        return (self.fn, self.base, self.scale, self._scale_ids, self._eps)
-
     def collapse(self, streams: mx.array):
         if streams.shape[1] <= _STEP_ROWS:
-            args = self.iters, self.hc_eps, self.norm_eps, not self.training
-            return _mix_and_collapse(streams, *self._args(), *args)
+            return _mix_and_collapse(streams, **self.mix_args())
         pre, post, comb = self(streams)
         weights = [pre[:, :, i] for i in range(self.hc)]
         parts = [streams[:, :, i] for i in range(self.hc)]
@@ -654,8 +688,8 @@ class HyperConnection(deepseek_v41.HyperConnection):
 
 
 @mx.compile
-def _mix_and_collapse(streams, *args):
-    pre, post, comb = mixes(streams, *args)
+def _mix_and_collapse(streams, **mix_args):
+    pre, post, comb = mixes(streams, **mix_args)
     return collapse(streams, pre), post, comb
 
 
