@@ -195,7 +195,7 @@ PATHS = [
         "CSA _sparse gather (pool > _SPARSE_ENTRIES)",
         "the top-k as a mask on _dense",
         ["_SPARSE_ENTRIES"],
-        ["prefill"],
+        ["verify8", "prefill"],
         lambda: patched(dsv4, _SPARSE_ENTRIES=HUGE),
     ),
     (
@@ -206,6 +206,13 @@ PATHS = [
         lambda: patched(dsv4, _TOP_K_BLOCK=HUGE),
     ),
 ]
+
+# Paths the model takes past a size: measured with them taken at any size.
+ENABLE = {
+    "CSA _sparse gather (pool > _SPARSE_ENTRIES)": lambda: patched(
+        dsv4, _SPARSE_ENTRIES=0
+    ),
+}
 
 # Paths measured by this script and then removed from the model: name, what
 # took their place.
@@ -266,7 +273,7 @@ def main():
     parser.add_argument("--experts", type=int, default=8)
     parser.add_argument("--tiny", action="store_true", help="tiny widths for a CPU")
     parser.add_argument(
-        "--context", type=int, help="tokens before (tiny 256, else 4096)"
+        "--context", help="tokens before, a comma list (tiny 256, else 4096)"
     )
     parser.add_argument("--chunk", type=int, help="prefill chunk (tiny 256, else 2048)")
     parser.add_argument("--prefill-step", type=int, default=2048)
@@ -277,7 +284,9 @@ def main():
         "--only", help="paths whose name contains one of these texts, split by |"
     )
     args = parser.parse_args()
-    context = args.context or (256 if args.tiny else 4096)
+    contexts = [int(c) for c in (args.context or "").split(",") if c] or [
+        256 if args.tiny else 4096
+    ]
     chunk = args.chunk or (256 if args.tiny else 2048)
 
     config = make_config(args)
@@ -286,16 +295,15 @@ def main():
         f"DeepSeek-V4 paths: {config['num_hidden_layers']} layers, hidden "
         f"{config['hidden_size']}, {config['num_attention_heads']} heads x "
         f"{config['head_dim']}, {config['n_routed_experts']} experts, "
-        f"{args.dtype}, {mx.default_device()}; context {context}, chunk {chunk}, "
+        f"{args.dtype}, {mx.default_device()}; chunk {chunk}, "
         f"{args.runs} runs alternated; ratio = without / with (medians)"
     )
-    bench = Bench(model, context, chunk, args.prefill_step, args.seed)
     header = (
-        "| path | disabled as | workload | ms with (min/med/max) "
+        "| path | disabled as | context | workload | ms with (min/med/max) "
         "| ms without (min/med/max) | ratio | peak MB with / without |"
     )
     print(header)
-    print("|---|---|---|---|---|---:|---|")
+    print("|---|---|---:|---|---|---|---:|---|")
     only = args.only.split("|") if args.only else []
 
     def chosen(name):
@@ -303,40 +311,48 @@ def main():
 
     for name, instead in REMOVED:
         if chosen(name):
-            print(f"| {name} | removed: {instead} | | | | | |")
-    for name, disabled, needs, workloads, disable in PATHS:
-        if not chosen(name):
-            continue
-        missing = [n for n in needs if not hasattr(dsv4, n)]
-        if missing:
-            print(f"| {name} | removed ({', '.join(missing)}) | | | | | |")
-            continue
-        for workload in workloads:
-            runs = {True: [], False: []}
-            # One warm-up each (compiled traces), then alternated runs.
-            for i in range(args.runs + 1):
-                order = (True, False) if i % 2 == 0 else (False, True)
-                for on in order:
-                    if on:
-                        result = bench.time(workload)
-                    else:
-                        with disable():
-                            result = bench.time(workload)
-                    if i > 0:
-                        runs[on].append(result)
-            ms = {on: spread([r[0] for r in runs[on]]) for on in runs}
-            peak = {on: max(r[1] for r in runs[on]) for on in runs}
-            ratio = ms[False][1] / ms[True][1]
-            peaks = (
-                f"{peak[True]:.0f} / {peak[False]:.0f}" if workload == "prefill" else ""
-            )
-            print(
-                f"| {name} | {disabled} | {workload} "
-                f"| {'/'.join(f'{v:.1f}' for v in ms[True])} "
-                f"| {'/'.join(f'{v:.1f}' for v in ms[False])} "
-                f"| {ratio:.2f} | {peaks} |",
-                flush=True,
-            )
+            print(f"| {name} | removed: {instead} | | | | | | |")
+    for context in contexts:
+        bench = Bench(model, context, chunk, args.prefill_step, args.seed)
+        for name, disabled, needs, workloads, disable in PATHS:
+            if not chosen(name):
+                continue
+            missing = [n for n in needs if not hasattr(dsv4, n)]
+            if missing:
+                print(f"| {name} | removed ({', '.join(missing)}) | | | | | | |")
+                continue
+            for workload in workloads:
+                enable = ENABLE.get(name, contextlib.nullcontext)
+                row = measure(bench, workload, enable, disable, args.runs)
+                print(f"| {name} | {disabled} | {context} | {workload} | {row} |")
+        del bench
+        mx.clear_cache()
+
+
+def measure(bench, workload, enable, disable, runs):
+    """The row's timings, ratio and peaks for one path and workload."""
+    results = {True: [], False: []}
+    # One warm-up each (compiled traces), then alternated runs.
+    for i in range(runs + 1):
+        order = (True, False) if i % 2 == 0 else (False, True)
+        for on in order:
+            if on:
+                with enable():
+                    result = bench.time(workload)
+            else:
+                with disable():
+                    result = bench.time(workload)
+            if i > 0:
+                results[on].append(result)
+    ms = {on: spread([r[0] for r in results[on]]) for on in results}
+    peak = {on: max(r[1] for r in results[on]) for on in results}
+    ratio = ms[False][1] / ms[True][1]
+    peaks = f"{peak[True]:.0f} / {peak[False]:.0f}" if workload == "prefill" else ""
+    return (
+        f"{'/'.join(f'{v:.1f}' for v in ms[True])} "
+        f"| {'/'.join(f'{v:.1f}' for v in ms[False])} "
+        f"| {ratio:.2f} | {peaks}"
+    )
 
 
 if __name__ == "__main__":
