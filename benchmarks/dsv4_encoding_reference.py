@@ -6,13 +6,16 @@
 
 PATH is a DeepSeek-V4 checkpoint's folder (its ``encoding_dsv4.py`` defines
 ``encode_messages(messages, thinking_mode, ..., reasoning_effort=None)``).
-Prints how many renderings differ (and the first one) and exits with 1 if
-any does; a conversation both reject counts as agreeing.
+Tool call arguments reach DeepSeek's encoder as JSON text (OpenAI's form)
+and mlx_lm's as text or decoded (mlx_lm.server's form). Prints how many
+renderings differ (and the first one) and exits with 1 if any does; a
+conversation both reject counts as agreeing.
 """
 
 import argparse
 import copy
 import importlib.util
+import json
 import random
 import sys
 
@@ -20,6 +23,7 @@ from mlx_lm.chat_templates.deepseek_v4 import REASONING_EFFORT_PROMPTS
 from mlx_lm.chat_templates.deepseek_v4 import apply_chat_template as ours
 
 PIECES = ["Hi", "a\nb", "", "é ✓", "42", "x</think>", "<think>", '"q"', " ", "\n"]
+TASKS = ["action", "query", "authority", "domain", "title", "read_url"]
 TOOLS = [
     {
         "type": "function",
@@ -50,6 +54,10 @@ def conversation(rng):
     for turn in range(turns):
         role = "developer" if rng.random() < 0.15 else "user"
         messages.append({"role": role, "content": text()})
+        if rng.random() < 0.1:
+            messages.append({"role": "user", "content": text()})
+        if rng.random() < 0.1:
+            messages[-1]["task"] = rng.choice(TASKS)
         if rng.random() < 0.15:
             messages.append({"role": "latest_reminder", "content": text()})
         if turn == turns - 1:
@@ -63,6 +71,10 @@ def conversation(rng):
             for _ in range(rng.randint(1, 3)):
                 calls += 1
                 args = {f"p{i}": value() for i in range(rng.randint(0, 3))}
+                if rng.random() < 0.3:
+                    args = json.dumps(args, ensure_ascii=rng.random() < 0.5)
+                elif rng.random() < 0.1:
+                    args = text()
                 reply["tool_calls"].append(
                     {
                         "id": f"call{calls}",
@@ -107,22 +119,33 @@ def main():
         tools = TOOLS if rng.random() < 0.4 else None
         thinking = rng.random() < 0.7
         effort = rng.choice(efforts)
+        mode = "thinking" if thinking else "chat"
+        # mlx-lm's keyword or DeepSeek's.
+        if rng.random() < 0.5:
+            keyword = {"enable_thinking": thinking}
+        else:
+            keyword = {"thinking_mode": mode, "enable_thinking": rng.random() < 0.5}
         mine = render(
             ours,
             copy.deepcopy(messages),
             tools=tools,
             add_generation_prompt=True,
-            enable_thinking=thinking,
             reasoning_effort=effort,
             chat_format=args.format,
+            **keyword,
         )
         # DeepSeek's encoder reads the tools from the system message.
         theirs = copy.deepcopy(messages)
+        for message in theirs:
+            for call in message.get("tool_calls", []):
+                if isinstance(call["function"]["arguments"], dict):
+                    call["function"]["arguments"] = json.dumps(
+                        call["function"]["arguments"]
+                    )
         if tools:
             if not theirs or theirs[0]["role"] != "system":
                 theirs.insert(0, {"role": "system", "content": ""})
             theirs[0]["tools"] = tools
-        mode = "thinking" if thinking else "chat"
         theirs = render(
             reference.encode_messages, theirs, mode, reasoning_effort=effort
         )

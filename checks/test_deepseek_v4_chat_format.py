@@ -1,6 +1,6 @@
 # Copyright © 2026 Apple Inc.
 """The DeepSeek-V4 chat format, deeper than tests/test_deepseek_v4_chat.py:
-35 more conversations against DeepSeek's reference strings, 0731's efforts on
+34 more conversations against DeepSeek's reference strings, 0731's efforts on
 all 11 of its cases; and the format a loaded checkpoint gets (the original's,
 or 0731's where the checkpoint says so: its config's dspark_* fields, its own
 encoding/encoding_dsv4.py), through mlx_lm.utils.load_tokenizer as the
@@ -103,7 +103,6 @@ MORE_CASES = [
     ("continue in chat mode", [HI, assistant("Hel")], {**CONT, **CHAT}),
     ("continue after tool calls", [ASK, ASK_TOOL], {**CONT, **T}),
     ("reasoning read only from reasoning_content", [HI, NOT_READ, ASK], KEEP),
-    ("query task", [user("Weather in Paris?", task="query")], {}),
     ("wo_eos on an earlier assistant message", HEL_LO, KEEP),
     ("response format on a developer message", [JSON_DEV], CHAT),
     ("task output has no reasoning", TITLE, {}),
@@ -144,7 +143,6 @@ MORE_EXPECTED = {
     "continue in chat mode": "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜></think>Hel",
     "continue after tool calls": '<｜begin▁of▁sentence｜>\n\n⟦tools⟧<｜User｜>Weather in Paris?<｜Assistant｜><think>Ask.</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>',
     "reasoning read only from reasoning_content": "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜><think></think>Hello!<｜end▁of▁sentence｜><｜User｜>Weather in Paris?<｜Assistant｜><think>",
-    "query task": "<｜begin▁of▁sentence｜><｜User｜>Weather in Paris?<｜query｜>",
     "wo_eos on an earlier assistant message": "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜><think></think>Hel</think>lo!<｜end▁of▁sentence｜><｜User｜>Weather in Paris?<｜Assistant｜><think>",
     "response format on a developer message": '<｜begin▁of▁sentence｜><｜User｜>Reply in JSON.\n\n## Response Format:\n\nYou MUST strictly adhere to the following schema to reply:\n{"type": "json_object"}<｜Assistant｜></think>',
     "task output has no reasoning": "<｜begin▁of▁sentence｜><｜User｜>Weather?<｜title｜>Weather<｜end▁of▁sentence｜><｜User｜>Weather in Paris?<｜Assistant｜><think>",
@@ -176,8 +174,8 @@ TAIL = "<｜User｜>Hi<｜Assistant｜><think>"
 class TestDeepseekV4ChatSweep(unittest.TestCase):
 
     def test_more_conversations_render_as_deepseeks_encoder(self):
-        # The 52nd, tool results in parts: tests/test_deepseek_v4_chat_server.py.
-        self.assertEqual(len(CASES) + len(MORE_CASES), 51)
+        # The 59th, tool results in parts: tests/test_deepseek_v4_chat_server.py.
+        self.assertEqual(len(CASES) + len(MORE_CASES), 58)
         for name, messages, kwargs in MORE_CASES:
             with self.subTest(name):
                 kwargs = {"add_generation_prompt": True, **kwargs}

@@ -25,7 +25,7 @@ SPECIAL_TOKENS = (
 )
 
 # Conversations, as mlx_lm.server hands them to the encoder (tool call
-# arguments decoded), each with the options of the call.
+# arguments decoded, but for one not JSON), each with the options of the call.
 
 WEATHER = {
     "type": "function",
@@ -89,6 +89,8 @@ BOTH = assistant("", "Both.", tool_calls=[PARIS, ROME, NOW])
 RESULTS = [tool("9:00", "call_3"), tool("Sunny", "call_1"), tool("Rain", "call_2")]
 EVERY_TYPE = assistant("Ok.", tool_calls=[call("c", "f", {**ARGS, "q": "42"})])
 MAX = {"reasoning_effort": "max"}
+TITLE = assistant("Paris weather", "A title.")
+SHELL = assistant("", "Run it.", tool_calls=[call("c", "shell", "ls -la")])
 
 T = {"tools": TOOLS}
 CHAT = {"enable_thinking": False}
@@ -112,10 +114,19 @@ CASES = [
     ("latest reminder after the user turn", [SYS, HI, REMINDER], {}),
     ("continue the final message", [HI, assistant("Hel", "Greet.")], CONT),
     ("action task", [user("Weather in Paris?", task="action")], {}),
+    ("query task", [user("Weather in Paris?", task="query")], {}),
+    ("no reasoning after a task", [user("Paris?", task="title"), TITLE], {}),
+    ("user messages in a row", [HI, user("Again")], {}),
+    ("tool result and user text in a row", [ASK, CALLS, SUNNY, user("Thx")], T),
+    ("latest reminder before the last user turn", [HI, HELLO, REMINDER, ASK], {}),
+    ("arguments not JSON", [HI, SHELL, tool("a.txt", "c")], {}),
+    ("thinking_mode chat", [HI], {"thinking_mode": "chat"}),
+    ("thinking_mode thinking", [HI], {"thinking_mode": "thinking", **CHAT}),
 ]
 
 
-# Rendered by DeepSeek's encoding/encoding_dsv4.py (sha256 bdbd57c1...5055e0).
+# DeepSeek's encoding/encoding_dsv4.py renders CASES as EXPECTED, given the
+# tool call arguments as JSON text.
 TOOLS_BLOCK = '## Tools\n\nYou have access to a set of tools to help answer the user\'s question. You can invoke tools by writing a "<｜DSML｜tool_calls>" block like the following:\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="$TOOL_NAME">\n<｜DSML｜parameter name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE</｜DSML｜parameter>\n...\n</｜DSML｜invoke>\n<｜DSML｜invoke name="$TOOL_NAME2">\n...\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>\n\nString parameters should be specified as is and set `string="true"`. For all other types (numbers, booleans, arrays, objects), pass the value in JSON format and set `string="false"`.\n\nIf thinking_mode is enabled (triggered by <think>), you MUST output your complete reasoning inside <think>...</think> BEFORE any tool calls or final response.\n\nOtherwise, output directly after </think> with tool calls or final response.\n\n### Available Tool Schemas\n\n{"name": "get_weather", "description": "The weather in a city.", "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}\n{"name": "get_time", "description": "The time now.", "parameters": {"type": "object", "properties": {}}}\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n'
 # ⟦tools⟧ stands for the block.
 EXPECTED = {
@@ -135,6 +146,14 @@ EXPECTED = {
     "latest reminder after the user turn": "<｜begin▁of▁sentence｜>Be brief.<｜User｜>Hi<｜Assistant｜><think><｜latest_reminder｜>Today is Monday.",
     "continue the final message": "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜><think>Greet.</think>Hel",
     "action task": "<｜begin▁of▁sentence｜><｜User｜>Weather in Paris?<｜Assistant｜><think><｜action｜>",
+    "query task": "<｜begin▁of▁sentence｜><｜User｜>Weather in Paris?<｜query｜>",
+    "no reasoning after a task": "<｜begin▁of▁sentence｜><｜User｜>Paris?<｜title｜>Paris weather<｜end▁of▁sentence｜>",
+    "user messages in a row": "<｜begin▁of▁sentence｜><｜User｜>Hi\n\nAgain<｜Assistant｜><think>",
+    "tool result and user text in a row": '<｜begin▁of▁sentence｜>\n\n⟦tools⟧<｜User｜>Weather in Paris?<｜Assistant｜><think>Ask the tool.</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>Sunny</tool_result>\n\nThx<｜Assistant｜><think>',
+    "latest reminder before the last user turn": "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜></think>Hello!<｜end▁of▁sentence｜><｜latest_reminder｜>Today is Monday.<｜User｜>Weather in Paris?<｜Assistant｜><think>",
+    "arguments not JSON": '<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜></think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="shell">\n<｜DSML｜parameter name="arguments" string="true">ls -la</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>a.txt</tool_result><｜Assistant｜><think>',
+    "thinking_mode chat": "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜></think>",
+    "thinking_mode thinking": "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜><think>",
 }
 EXPECTED = {k: v.replace("⟦tools⟧", TOOLS_BLOCK) for k, v in EXPECTED.items()}
 
@@ -219,6 +238,19 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
             (r"messages\[0\]: user content", [{"role": "user", "content": None}], {}),
             (r"tools\[0\]", [hi], {"tools": [{"name": "f"}]}),
             ("thinking_mode", [hi], {"thinking_mode": "deep"}),
+            (
+                "tools are given both as an argument and in messages",
+                [{"role": "system", "content": "s", "tools": TOOLS}, hi],
+                {"tools": TOOLS},
+            ),
+            # DeepSeek's encoder keeps it before the last user turn, then
+            # cannot render it.
+            (
+                "role 'direct_search_results'",
+                [msg("direct_search_results", "x"), hi],
+                {},
+            ),
+            ("return_dict", [hi], {"return_dict": True}),
             ("chat_format", [hi], {"chat_format": "0730"}),
             (
                 "reasoning_effort 'x' for the 0731",
@@ -274,6 +306,12 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
                 text = apply_chat_template(messages, continue_final_message=True)
                 self.assertEqual(text, f"{bos_token}{user_token}The quick")
                 self.assertEqual(text, apply_chat_template(messages))
+
+    def test_return_dict_false_gives_the_text(self):
+        # As mlx_lm's fine-tuning datasets ask for it.
+        messages = [SYS, HI]
+        text = apply_chat_template(messages, return_dict=False)
+        self.assertEqual(text, apply_chat_template(messages))
 
     def test_messages_are_not_changed(self):
         messages = json.loads(json.dumps([SYS, ASK, CALLS, SUNNY]))

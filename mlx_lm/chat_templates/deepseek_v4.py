@@ -170,11 +170,7 @@ def render_tool_calls(tool_calls: List[Dict[str, Any]]) -> str:
 
 
 def _merge_tool_results(messages):
-    """Fold tool messages and runs of user messages into single user turns.
-
-    A user turn keeps its parts (text or tool result) and the index of the
-    message it starts at, for errors.
-    """
+    """Tool messages and runs of user messages as user turns of parts."""
     merged = []
     for i, message in enumerate(messages):
         if not isinstance(message, dict):
@@ -229,7 +225,8 @@ def _last_user(messages) -> int:
 
 
 # Kept before the last user turn, as DeepSeek's encoder does (an assistant's
-# reasoning there is not rendered).
+# reasoning there is not rendered; "direct_search_results" is kept so that it
+# raises, as it does there).
 _KEPT_ROLES = (
     "user",
     "system",
@@ -239,8 +236,9 @@ _KEPT_ROLES = (
 )
 
 
-def _drop_thinking(messages):
-    """Before the last user turn: no developer messages."""
+def _drop_earlier_developer_messages(messages):
+    """Before the last user turn: no developer messages, no unknown roles
+    (DeepSeek's ``_drop_thinking_messages``)."""
     last_user = _last_user(messages)
     return [
         m for i, m in enumerate(messages) if i >= last_user or m["role"] in _KEPT_ROLES
@@ -408,7 +406,7 @@ def apply_chat_template(
     if any(m.get("tools") for m in messages):
         drop_thinking = False
     if thinking and drop_thinking:
-        messages = _drop_thinking(messages)
+        messages = _drop_earlier_developer_messages(messages)
 
     last_user = _last_user(messages)
     prompt = bos_token

@@ -39,7 +39,7 @@ def _value(raw, string):
         return raw
 
 
-def _parse_exact(text):
+def _parse_block(text):
     """The calls of a block that DeepSeek's parser accepts, else None."""
     invoke, param = f"<{dsml}invoke", f"<{dsml}parameter"
     invoke_end, block_end = f"</{dsml}invoke", f"</{dsml}tool_calls>"
@@ -81,7 +81,7 @@ def parse_tool_call(
     if m := _start.match(text):
         text = text[m.end() :]
     # DeepSeek's parser takes no text after the block, not even a newline.
-    calls = _parse_exact(text)
+    calls = _parse_block(text)
     if not calls:
         raise ValueError("No tool call found.")
     return calls[0] if len(calls) == 1 else calls
