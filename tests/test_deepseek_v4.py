@@ -22,9 +22,7 @@ from mlx_lm import load, stream_generate, tuner
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
     BatchWindowCompressorCache,
-    load_prompt_cache,
     make_prompt_cache,
-    save_prompt_cache,
     trim_prompt_cache,
 )
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear
@@ -581,30 +579,6 @@ class TestDeepseekV4(unittest.TestCase):
                     max_diff(steps(model, cache, rows), steps(model, reference, rows)),
                     1e-4,
                 )
-
-    def test_prompt_cache_save_load_and_trim(self):
-        model = make_tiny_model()
-        mx.random.seed(3)
-        inputs = mx.random.randint(0, 300, (1, 150))
-        cache = prefilled(model, inputs[:, :130])
-        # Trimmed before the save: the loaded cache trims only what it could.
-        self.assertEqual(trim_prompt_cache(cache, 20), 20)
-        with tempfile.TemporaryDirectory() as tmp:
-            file = str(Path(tmp) / "cache.safetensors")
-            save_prompt_cache(file, cache)
-            loaded = load_prompt_cache(file)
-        self.assertEqual(trim_prompt_cache(loaded, 13), 0)
-        for i in range(110, 150):
-            token = inputs[:, i : i + 1]
-            self.assertEqual(max_diff(model(token, cache), model(token, loaded)), 0.0)
-        self.assertEqual(trim_prompt_cache(loaded, 33), trim_prompt_cache(cache, 33))
-        # A trimmed cache continues as a cache fed only the tokens kept.
-        self.assertEqual(trim_prompt_cache(loaded, 8), 8)
-        reference = prefilled(model, inputs[:, :142])
-        rows = inputs[:, 142:150]
-        self.assertLess(
-            max_diff(steps(model, loaded, rows), steps(model, reference, rows)), 1e-4
-        )
 
     def test_tiny_folder_loads_and_generates(self):
         with tempfile.TemporaryDirectory() as tmp:
