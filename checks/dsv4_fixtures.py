@@ -7,14 +7,11 @@ import importlib.util
 import io
 import sys
 import tempfile
-import zlib
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
-from mlx.utils import tree_flatten, tree_unflatten
-
-from mlx_lm.models import deepseek_v4
+from mlx.utils import tree_flatten
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 from test_deepseek_v4 import (  # noqa: E402, F401
@@ -22,6 +19,8 @@ from test_deepseek_v4 import (  # noqa: E402, F401
     COMMUNITY_RULES,
     CONFIG,
     FP8_CONFIG,
+    RECORDED_LOGITS,
+    RECORDED_SUMMARY,
     TINY_CONFIG,
     TOKENS,
     VERIFY_CONFIG,
@@ -37,12 +36,15 @@ from test_deepseek_v4 import (  # noqa: E402, F401
     _write,
     assert_load_names_every_key,
     assert_trains,
+    logits_summary,
     make_tiny_model,
     make_tiny_model_folder,
     make_tiny_tokenizer,
     max_diff,
     prefilled,
     random_weights,
+    seeded_model,
+    seeded_tokens,
     steps,
 )
 
@@ -92,60 +94,6 @@ _TRANSFORMERS_NAMES = (
 )
 
 HAS_TORCH = all(importlib.util.find_spec(m) for m in ("torch", "transformers"))
-
-# Recorded from transformers' DeepseekV4ForCausalLM (CPU torch, float32) on
-# the weights of seeded_model() and the tokens of seeded_tokens(); see
-# transformers_logits and TestDeepseekV4Transformers, which recomputes them.
-# (Seed 0 puts a top-k pick on a near tie that float rounding decides.)
-RECORDED_SEED = 1
-RECORDED_POSITIONS = (0, 31, 32, 100, 200, 319)
-RECORDED_LOGITS = (
-    (-0.28736222, 0.028773338, -0.018358096, -0.711353, 2.5768335, 0.50235087),
-    (2.0119197, 1.4937081, 0.36236233, -1.2104663, 3.3493612, 0.30717605),
-    (2.3435755, 1.602152, 1.6708801, -2.2809861, 1.2720251, -0.036039472),
-    (1.9435325, 1.5208817, 1.170927, -1.0333233, 1.8676848, -0.85795557),
-    (0.71896315, 1.7371917, -0.89628816, 0.13029316, 0.41813365, 0.19270416),
-    (-1.4696004, 0.94257987, 0.93110353, -0.13839662, 1.7942266, -1.1963558),
-)
-RECORDED_SUMMARY = (-1530.14908303, 131955.265269, 55.1366312333)
-
-
-def seeded_model(config=None, seed=RECORDED_SEED):
-    """A tiny model whose weights depend only on the seed and each weight's
-    checkpoint name, not on the order of the parameters."""
-    model = deepseek_v4.Model(deepseek_v4.ModelArgs.from_dict(config or TINY_CONFIG))
-    args = model.args
-
-    def init(path, p):
-        key = mx.random.key(zlib.crc32(f"{seed}:{path}".encode()))
-        if path.endswith("tid2eid"):
-            return mx.random.randint(0, args.n_routed_experts, p.shape, key=key)
-        scale = 0.1 if "norm" in path else 0.2
-        offset = 1.0 if "norm" in path else 0.0
-        return offset + scale * mx.random.normal(p.shape, key=key)
-
-    flat = [
-        (k, init(k, v).astype(v.dtype)) for k, v in tree_flatten(model.parameters())
-    ]
-    model.update(tree_unflatten(flat))
-    mx.eval(model.parameters())
-    return model
-
-
-def seeded_tokens(n=320, seed=1):
-    return mx.random.randint(
-        0, TINY_CONFIG["vocab_size"], (1, n), key=mx.random.key(seed)
-    )
-
-
-def logits_summary(logits):
-    """The recorded logits, and sums over all of them that a change anywhere
-    moves: the total, the squares and a cosine-weighted sum (in float64)."""
-    x = np.array(logits[0].astype(mx.float32), dtype=np.float64)
-    sample = x[list(RECORDED_POSITIONS), :6]
-    n, v = x.shape
-    phase = np.arange(n)[:, None] * 0.11 + np.arange(v)[None] * 0.37
-    return sample, np.array([x.sum(), (x * x).sum(), (x * np.cos(phase)).sum()])
 
 
 def transformers_logits(model, tokens, config=None):

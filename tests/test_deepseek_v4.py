@@ -6,6 +6,7 @@ import math
 import re
 import tempfile
 import unittest
+import zlib
 from pathlib import Path
 from unittest.mock import patch
 
@@ -420,6 +421,61 @@ def assert_load_names_every_key(test, path, keys):
         test.assertEqual(message.count("\n  "), len(keys))
 
 
+# Recorded from transformers' DeepseekV4ForCausalLM (CPU torch, float32) on
+# the weights of seeded_model() and the tokens of seeded_tokens(); see
+# checks/test_deepseek_v4_parity.py, which recomputes them with torch.
+# (Seed 0 puts a top-k pick on a near tie that float rounding decides.)
+RECORDED_SEED = 1
+RECORDED_POSITIONS = (0, 31, 32, 100, 200, 319)
+RECORDED_LOGITS = (
+    (-0.28736222, 0.028773338, -0.018358096, -0.711353, 2.5768335, 0.50235087),
+    (2.0119197, 1.4937081, 0.36236233, -1.2104663, 3.3493612, 0.30717605),
+    (2.3435755, 1.602152, 1.6708801, -2.2809861, 1.2720251, -0.036039472),
+    (1.9435325, 1.5208817, 1.170927, -1.0333233, 1.8676848, -0.85795557),
+    (0.71896315, 1.7371917, -0.89628816, 0.13029316, 0.41813365, 0.19270416),
+    (-1.4696004, 0.94257987, 0.93110353, -0.13839662, 1.7942266, -1.1963558),
+)
+RECORDED_SUMMARY = (-1530.14908303, 131955.265269, 55.1366312333)
+
+
+def seeded_model(config=None, seed=RECORDED_SEED):
+    """A tiny model whose weights depend only on the seed and each weight's
+    checkpoint name, not on the order of the parameters."""
+    model = deepseek_v4.Model(deepseek_v4.ModelArgs.from_dict(config or TINY_CONFIG))
+    args = model.args
+
+    def init(path, p):
+        key = mx.random.key(zlib.crc32(f"{seed}:{path}".encode()))
+        if path.endswith("tid2eid"):
+            return mx.random.randint(0, args.n_routed_experts, p.shape, key=key)
+        scale = 0.1 if "norm" in path else 0.2
+        offset = 1.0 if "norm" in path else 0.0
+        return offset + scale * mx.random.normal(p.shape, key=key)
+
+    flat = [
+        (k, init(k, v).astype(v.dtype)) for k, v in tree_flatten(model.parameters())
+    ]
+    model.update(tree_unflatten(flat))
+    mx.eval(model.parameters())
+    return model
+
+
+def seeded_tokens(n=320, seed=1):
+    return mx.random.randint(
+        0, TINY_CONFIG["vocab_size"], (1, n), key=mx.random.key(seed)
+    )
+
+
+def logits_summary(logits):
+    """The recorded logits, and sums over all of them that a change anywhere
+    moves: the total, the squares and a cosine-weighted sum (in float64)."""
+    x = np.array(logits[0].astype(mx.float32), dtype=np.float64)
+    sample = x[list(RECORDED_POSITIONS), :6]
+    n, v = x.shape
+    phase = np.arange(n)[:, None] * 0.11 + np.arange(v)[None] * 0.37
+    return sample, np.array([x.sum(), (x * x).sum(), (x * np.cos(phase)).sum()])
+
+
 class TestDeepseekV4(unittest.TestCase):
 
     def test_config_schemas_and_invalid_fields(self):
@@ -454,6 +510,18 @@ class TestDeepseekV4(unittest.TestCase):
             with self.subTest(**overrides):
                 with self.assertRaisesRegex(ValueError, message):
                     deepseek_v4.ModelArgs.from_dict({**TINY_CONFIG, **overrides})
+
+    def test_logits_match_the_recorded_transformers_logits(self):
+        model = seeded_model()
+        tokens = seeded_tokens()
+        cache = make_prompt_cache(model)
+        outs = [model(tokens[:, :250], cache)]
+        for i in range(250, tokens.shape[1]):
+            outs.append(model(tokens[:, i : i + 1], cache))
+        for logits in (model(tokens), mx.concatenate(outs, axis=1)):
+            sample, summary = logits_summary(logits)
+            np.testing.assert_allclose(sample, RECORDED_LOGITS, rtol=0, atol=1e-4)
+            np.testing.assert_allclose(summary, RECORDED_SUMMARY, rtol=0, atol=0.05)
 
     def test_decode_and_chunked_prefill_equal_one_forward(self):
         # One layer of each type, to keep the 600 decode steps quick.
