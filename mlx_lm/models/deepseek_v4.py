@@ -751,7 +751,7 @@ class HyperHead(nn.Module):
         self.scale = mx.ones((1,))
 
     def __call__(self, h: mx.array) -> mx.array:
-        mix = mix_logits(h, self.fn, self.norm_eps).reshape(*h.shape[:2], -1)
+        mix = mix_logits(h, self.fn, self.norm_eps)
         pre = mx.sigmoid(mix * self.scale + self.base) + self.eps
         return collapse(h, pre)
 
