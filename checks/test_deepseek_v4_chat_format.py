@@ -15,6 +15,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from long_decode import make_tokenizer  # noqa: E402
+from test_deepseek_v4 import SPECIAL_TOKENS as special_tokens  # noqa: E402
 from mlx_lm.utils import load_tokenizer  # noqa: E402
 from test_deepseek_v4_chat import (  # noqa: E402
     ASK,
@@ -31,7 +32,6 @@ from test_deepseek_v4_chat import (  # noqa: E402
     PROMPTS_0731,
     REMINDER,
 )
-from test_deepseek_v4_chat import SPECIAL_TOKENS as special_tokens
 from test_deepseek_v4_chat import (  # noqa: E402
     SUNNY,
     SYS,

@@ -16,12 +16,15 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes
 from server_fixture import ServerThread
-from test_deepseek_v4_chat import SPECIAL_TOKENS as special_tokens
 
 from mlx_lm import load
 from mlx_lm.chat_templates.deepseek_v4 import (
+    assistant_token,
     bos_token,
     eos_token,
+    thinking_end_token,
+    thinking_start_token,
+    user_token,
 )
 from mlx_lm.models.cache import make_prompt_cache, save_prompt_cache
 
@@ -64,7 +67,17 @@ QWEN3_5 = {
 }
 
 
-def make_tokenizer(path, tokens=special_tokens):
+SPECIAL_TOKENS = (
+    bos_token,
+    eos_token,
+    user_token,
+    assistant_token,
+    thinking_start_token,
+    thinking_end_token,
+)
+
+
+def make_tokenizer(path, tokens=SPECIAL_TOKENS):
     """A word-level tokenizer of 64 words, ``tokens`` first, that names
     DeepSeek-V4's chat format (whose tokens load checks)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
