@@ -257,6 +257,15 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
                 [hi], add_generation_prompt=True, continue_final_message=True
             )
 
+    def test_errors_name_the_callers_message_when_a_system_message_is_added(self):
+        # tools and response_format go on a system message put in front.
+        for kwargs in ({}, T, {"response_format": {"type": "json_object"}}):
+            with self.subTest(list(kwargs)):
+                with self.assertRaisesRegex(ValueError, r"messages\[0\]: user"):
+                    apply_chat_template([user(None)], **kwargs)
+                with self.assertRaisesRegex(ValueError, r"messages\[1\] must be"):
+                    apply_chat_template([HI, "Hi"], **kwargs)
+
     def test_thinking_drops_developer_messages_before_the_last_user_turn(self):
         messages = [
             msg("developer", "Answer in French."),
