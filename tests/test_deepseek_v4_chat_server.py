@@ -11,8 +11,7 @@ from mlx_lm.generate import TextStateMachine, make_text_state_machine
 from mlx_lm.server import CompletionRequest, ResponseGenerator, ToolCallFormatter
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_tokenizer
-from test_deepseek_v4_chat import ASK, CALLS
-from test_deepseek_v4_chat import TOOLS, TOOLS_BLOCK, tool
+from test_deepseek_v4_chat import ASK, CALLS, TOOLS, TOOLS_BLOCK, tool
 
 from mlx_lm.chat_templates.deepseek_v4 import (
     apply_chat_template,

@@ -19,12 +19,9 @@ from server_fixture import ServerThread
 
 from mlx_lm import load
 from mlx_lm.chat_templates.deepseek_v4 import (
-    assistant_token,
     bos_token,
     eos_token,
-    thinking_end_token,
-    thinking_start_token,
-    user_token,
+    special_tokens,
 )
 from mlx_lm.models.cache import make_prompt_cache, save_prompt_cache
 
@@ -67,17 +64,7 @@ QWEN3_5 = {
 }
 
 
-SPECIAL_TOKENS = (
-    bos_token,
-    eos_token,
-    user_token,
-    assistant_token,
-    thinking_start_token,
-    thinking_end_token,
-)
-
-
-def make_tokenizer(path, tokens=SPECIAL_TOKENS):
+def make_tokenizer(path, tokens=special_tokens):
     """A word-level tokenizer of 64 words, ``tokens`` first, that names
     DeepSeek-V4's chat format (whose tokens load checks)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
