@@ -16,6 +16,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from long_decode import make_tokenizer  # noqa: E402
 from mlx_lm.utils import load_tokenizer  # noqa: E402
+from test_deepseek_v4 import SPECIAL_TOKENS as special_tokens  # noqa: E402
 from test_deepseek_v4_chat import (  # noqa: E402
     ASK,
     CALLS,
@@ -30,9 +31,6 @@ from test_deepseek_v4_chat import (  # noqa: E402
     PARIS,
     PROMPTS_0731,
     REMINDER,
-)
-from test_deepseek_v4_chat import SPECIAL_TOKENS as special_tokens
-from test_deepseek_v4_chat import (  # noqa: E402
     SUNNY,
     SYS,
     TOOLS_BLOCK,

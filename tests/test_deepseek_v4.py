@@ -17,9 +17,16 @@ import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.generate import BatchGenerator, generate_step
 from mlx_lm.utils import load_model, quantize_model, save_config, save_model
-from test_deepseek_v4_chat import SPECIAL_TOKENS as special_tokens
 
 from mlx_lm import load, stream_generate, tuner
+from mlx_lm.chat_templates.deepseek_v4 import (
+    assistant_token,
+    bos_token,
+    eos_token,
+    thinking_end_token,
+    thinking_start_token,
+    user_token,
+)
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
     BatchWindowCompressorCache,
@@ -28,6 +35,15 @@ from mlx_lm.models.cache import (
 )
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
+# The chat format's tokens a tokenizer for it must have, BOS and EOS first.
+SPECIAL_TOKENS = (
+    bos_token,
+    eos_token,
+    user_token,
+    assistant_token,
+    thinking_start_token,
+    thinking_end_token,
+)
 CSA, HCA = "compressed_sparse_attention", "heavily_compressed_attention"
 # Every layer type and two hash layers; small rates and window so a prompt of
 # a few hundred tokens wraps the window and fills both pools.
@@ -96,7 +112,7 @@ def make_tiny_model(config=None, seed=0):
     return random_weights(deepseek_v4.Model(args), seed)
 
 
-def make_tiny_tokenizer(path, vocab_size, special_tokens=special_tokens):
+def make_tiny_tokenizer(path, vocab_size, special_tokens=SPECIAL_TOKENS):
     """A byte-level BPE tokenizer of vocab_size tokens saved in path, with the
     chat format's special tokens (BOS and EOS first)."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers

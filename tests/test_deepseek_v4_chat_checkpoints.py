@@ -7,11 +7,14 @@ from pathlib import Path
 
 from mlx_lm.utils import load_tokenizer
 from test_deepseek_v4_chat import ABSOLUTE, BEYOND, EXPECTED, HI
-from test_deepseek_v4_chat import SPECIAL_TOKENS as special_tokens
 
 from mlx_lm.chat_templates.deepseek_v4 import (
+    assistant_token,
     bos_token,
     eos_token,
+    thinking_end_token,
+    thinking_start_token,
+    user_token,
 )
 
 
@@ -22,7 +25,15 @@ def make_checkpoint(path, config=None, encoder=None):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    words = list(special_tokens) + ["Hi"]
+    words = [
+        bos_token,
+        eos_token,
+        user_token,
+        assistant_token,
+        thinking_start_token,
+        thinking_end_token,
+        "Hi",
+    ]
     tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, "Hi"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(

@@ -11,14 +11,16 @@ from mlx_lm.generate import TextStateMachine, make_text_state_machine
 from mlx_lm.server import CompletionRequest, ResponseGenerator, ToolCallFormatter
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_tokenizer
-from test_deepseek_v4_chat import ASK, CALLS
-from test_deepseek_v4_chat import SPECIAL_TOKENS as special_tokens
-from test_deepseek_v4_chat import TOOLS, TOOLS_BLOCK, tool
+from test_deepseek_v4_chat import ASK, CALLS, TOOLS, TOOLS_BLOCK, tool
 
 from mlx_lm.chat_templates.deepseek_v4 import (
     apply_chat_template,
+    assistant_token,
     bos_token,
     eos_token,
+    thinking_end_token,
+    thinking_start_token,
+    user_token,
 )
 
 DSML = "｜DSML｜"
@@ -37,7 +39,15 @@ def make_checkpoint(path):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    words = list(special_tokens) + ["Hi"]
+    words = [
+        bos_token,
+        eos_token,
+        user_token,
+        assistant_token,
+        thinking_start_token,
+        thinking_end_token,
+        "Hi",
+    ]
     tokenizer = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, "Hi"))
     tokenizer.pre_tokenizer = pre_tokenizers.Whitespace()
     PreTrainedTokenizerFast(

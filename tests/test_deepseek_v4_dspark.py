@@ -527,7 +527,7 @@ def make_folder(path, config=FOLDER_CONFIG):
     """A tiny 0731-shaped checkpoint folder: the target in this model's
     names, the drafter in DeepSeek's (``mtp.0..2``), a byte-level BPE
     tokenizer."""
-    from test_deepseek_v4_chat import SPECIAL_TOKENS as special_tokens
+    from test_deepseek_v4 import SPECIAL_TOKENS as special_tokens
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 

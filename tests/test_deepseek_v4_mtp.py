@@ -29,7 +29,7 @@ from mlx_lm.generate import (
 )
 from mlx_lm.sample_utils import make_sampler
 from mlx_lm.utils import _get_classes, load
-from test_deepseek_v4_chat import SPECIAL_TOKENS as special_tokens
+from test_deepseek_v4 import SPECIAL_TOKENS as special_tokens
 from test_deepseek_v4_trim import ServerThread
 
 from mlx_lm import cache_prompt, server

@@ -17,7 +17,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 from mlx_lm.generate import speculative_generate_step, stream_generate
 from mlx_lm.utils import load
-from test_deepseek_v4_chat import SPECIAL_TOKENS as special_tokens
+from test_deepseek_v4 import SPECIAL_TOKENS as special_tokens
 
 from mlx_lm import server
 from mlx_lm.chat_templates.deepseek_v4 import (

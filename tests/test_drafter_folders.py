@@ -108,7 +108,7 @@ def quantize_block(model):
 
 
 def write_tokenizer(path, vocab_size):
-    from test_deepseek_v4_chat import SPECIAL_TOKENS as special_tokens
+    from test_deepseek_v4 import SPECIAL_TOKENS as special_tokens
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 

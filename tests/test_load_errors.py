@@ -16,12 +16,12 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 from mlx_lm.utils import _get_classes
 from server_fixture import ServerThread
-from test_deepseek_v4_chat import SPECIAL_TOKENS as special_tokens
 
 from mlx_lm import load
 from mlx_lm.chat_templates.deepseek_v4 import (
     bos_token,
     eos_token,
+    special_tokens,
 )
 from mlx_lm.models.cache import make_prompt_cache, save_prompt_cache
 

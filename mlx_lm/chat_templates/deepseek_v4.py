@@ -1,16 +1,6 @@
 # Copyright © 2026 Apple Inc.
 
-"""The DeepSeek-V4 chat format, for checkpoints without a chat template.
-
-Writes what DeepSeek's ``encoding_dsv4.py`` writes. Tool results have no role
-of their own: they are folded into the next user turn. ``tools`` and
-``response_format`` go on the first system message (an empty one is added if
-there is none); ``tools`` given on a system or developer message are kept.
-
-Two chat formats differ only in reasoning effort: the first release's
-(``"original"``) and that of V4-Flash-0731 and V4-Pro-0813 (``"0731"``),
-picked with the ``chat_format`` keyword.
-"""
+"""The DeepSeek-V4 chat format, as DeepSeek's ``encoding_dsv4.py`` writes it."""
 
 import json
 from typing import Any, Dict, List, Optional
@@ -55,9 +45,7 @@ REASONING_EFFORT_BEYOND = (
     "and no error remains undiscovered.\n\n"
 )
 
-# DeepSeek's reasoning efforts by chat format: the prompt each puts after the
-# BOS in thinking mode, and the effort of a request that names none. 0731's
-# "high" is the original's "max" prompt.
+# The prompt each effort puts after the BOS in thinking mode.
 REASONING_EFFORT_PROMPTS = {
     "original": {"high": "", "max": REASONING_EFFORT_ABSOLUTE},
     "0731": {
@@ -123,8 +111,7 @@ def render_tools(tools) -> str:
 
 
 def _arguments(arguments) -> Dict[str, Any]:
-    # A JSON object as text (OpenAI) or already decoded (mlx_lm.server); any
-    # other text is passed on as one "arguments" string.
+    # JSON text (OpenAI) or decoded (mlx_lm.server); other text as one string.
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
@@ -169,10 +156,9 @@ def render_tool_calls(tool_calls: List[Dict[str, Any]]) -> str:
     return f"\n\n<{dsml_token}tool_calls>\n{invokes}\n</{dsml_token}tool_calls>"
 
 
-def _merge_tool_results(messages):
-    """Tool messages and runs of user messages as user turns of parts."""
+def _merge_user_turns(messages, first_index):
     merged = []
-    for i, message in enumerate(messages):
+    for i, message in enumerate(messages, first_index):
         if not isinstance(message, dict):
             raise ValueError(f"messages[{i}] must be a dict, got {message!r}")
         role = message.get("role")
@@ -197,7 +183,6 @@ def _merge_tool_results(messages):
 
 
 def _sort_tool_results(messages):
-    """Put the tool results of each user turn in the order of the calls."""
     order = {}
     for message in messages:
         if message["role"] == "assistant" and message.get("tool_calls"):
@@ -224,9 +209,8 @@ def _last_user(messages) -> int:
     )
 
 
-# Kept before the last user turn, as DeepSeek's encoder does (an assistant's
-# reasoning there is not rendered; "direct_search_results" is kept so that it
-# raises, as it does there).
+# Kept before the last user turn ("direct_search_results" then raises, as in
+# DeepSeek's encoder).
 _KEPT_ROLES = (
     "user",
     "system",
@@ -237,8 +221,7 @@ _KEPT_ROLES = (
 
 
 def _drop_earlier_developer_messages(messages):
-    """Before the last user turn: no developer messages, no unknown roles
-    (DeepSeek's ``_drop_thinking_messages``)."""
+    """DeepSeek's ``_drop_thinking_messages``."""
     last_user = _last_user(messages)
     return [
         m for i, m in enumerate(messages) if i >= last_user or m["role"] in _KEPT_ROLES
@@ -289,7 +272,6 @@ def _render_message(i, messages, thinking, drop_thinking, last_user):
                 schema=to_json(response_format)
             )
 
-    # The assistant's turn opens after the user turn it answers.
     if i + 1 < len(messages) and messages[i + 1]["role"] not in (
         "assistant",
         "latest_reminder",
@@ -326,18 +308,9 @@ def apply_chat_template(
     return_dict: bool = False,
     **kwargs,
 ) -> str:
-    """Render ``messages`` as DeepSeek's ``encode_messages`` does.
-
-    ``enable_thinking`` (or DeepSeek's ``thinking_mode``, ``"chat"`` or
-    ``"thinking"``) picks thinking or chat mode. ``reasoning_effort`` is one
-    of DeepSeek's for the ``chat_format`` (``"original"``: ``"high"``,
-    ``"max"``; ``"0731"``: ``"low"``, ``"high"``, ``"max"``). Earlier
-    reasoning is dropped unless ``drop_thinking=False`` or there are tools.
-    ``continue_final_message`` leaves the final message open: an assistant
-    message without its eos (DeepSeek's ``wo_eos``), a user or developer
-    turn without the assistant's after it (as without
-    ``add_generation_prompt``).
-    """
+    """DeepSeek's ``encode_messages``. ``chat_format`` is ``"original"`` or
+    ``"0731"`` (V4-Flash-0731, V4-Pro-0813), whose reasoning efforts differ;
+    ``thinking_mode`` is DeepSeek's keyword for ``enable_thinking``."""
     if continue_final_message and add_generation_prompt:
         raise ValueError(
             "Only one of continue_final_message or add_generation_prompt can be True"
@@ -373,6 +346,7 @@ def apply_chat_template(
         )
 
     messages = list(messages)
+    first_index = 0
     if tools or response_format:
         if messages and messages[0].get("role") == "system":
             system = dict(messages[0])
@@ -383,15 +357,14 @@ def apply_chat_template(
         else:
             system = {"role": "system", "content": ""}
             messages.insert(0, system)
+            first_index = -1
         if tools:
             system["tools"] = tools
         if response_format:
             system["response_format"] = response_format
         messages[0] = system
     if continue_final_message:
-        # A final user or developer turn stays open as it is without
-        # add_generation_prompt (mlx_lm.cache_prompt leaves the user's turn
-        # open for the prompt that follows); an assistant's loses its eos.
+        # A final user turn stays open (as mlx_lm.cache_prompt asks).
         role = messages[-1].get("role") if messages else None
         if role not in ("assistant", "user", "developer"):
             raise ValueError(
@@ -401,7 +374,7 @@ def apply_chat_template(
         if role == "assistant":
             messages[-1] = {**messages[-1], "wo_eos": True}
 
-    messages = _merge_tool_results(messages)
+    messages = _merge_user_turns(messages, first_index)
     _sort_tool_results(messages)
     if any(m.get("tools") for m in messages):
         drop_thinking = False

@@ -1,13 +1,7 @@
 # Copyright © 2026 Apple Inc.
 
-"""Tool call parser for DeepSeek-V4 (DSML).
-
-A block is read as DeepSeek's ``encoding_dsv4.py`` reads it: a parameter
-value runs to its ``</｜DSML｜parameter>``, so it may hold any other DSML tag.
-Since a value may hold ``</｜DSML｜tool_calls>`` too, the block has no end
-marker for the server: it runs to the end of the reply, where DeepSeek's
-format ends it. A block DeepSeek's parser rejects raises.
-"""
+"""Tool call parser for DeepSeek-V4 (DSML), as DeepSeek's encoding_dsv4.py: a
+value may hold any tag, so the block has no end marker but the reply's end."""
 
 import json
 import re
@@ -21,7 +15,6 @@ _start = re.compile(rf"\s*<{dsml}tool_calls>")
 
 
 def _until(text, i, stops):
-    """(end, text up to the first of stops, that stop or None)."""
     found = [(p, s) for s in stops if (p := text.find(s, i)) >= 0]
     if not found:
         return len(text), text[i:], None
@@ -30,7 +23,6 @@ def _until(text, i, stops):
 
 
 def _value(raw, string):
-    """A parameter's value: as written where ``string="true"``, else its JSON."""
     if string == "true":
         return raw
     try:
@@ -40,7 +32,6 @@ def _value(raw, string):
 
 
 def _parse_block(text):
-    """The calls of a block that DeepSeek's parser accepts, else None."""
     invoke, param = f"<{dsml}invoke", f"<{dsml}parameter"
     invoke_end, block_end = f"</{dsml}invoke", f"</{dsml}tool_calls>"
     # Each invoke and the block end follow a ">" and a newline.
@@ -52,8 +43,6 @@ def _parse_block(text):
             return None
         if stop == block_end:
             return calls if i == len(text) else None
-        if stop is None:
-            return None
         i, head, stop = _until(text, i, [param, invoke_end])
         name = re.fullmatch(r'\s*name="(.*?)">\n\n?', head, flags=re.DOTALL)
         if name is None:
@@ -77,10 +66,8 @@ def _parse_block(text):
 def parse_tool_call(
     text: str, tools: Optional[Any] = None
 ) -> dict[str, Any] | list[dict[str, Any]]:
-    """The calls of the block in text, with or without its start marker."""
     if m := _start.match(text):
         text = text[m.end() :]
-    # DeepSeek's parser takes no text after the block, not even a newline.
     calls = _parse_block(text)
     if not calls:
         raise ValueError("No tool call found.")
