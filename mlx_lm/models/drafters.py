@@ -165,7 +165,8 @@ class DraftModelDrafter(Drafter):
     def trim(self, cache, counts):
         # The model has processed the input and every draft but the last.
         num_draft, rejected = self._drafts.shape[1], counts[0]
-        trim_rows(cache, [max(rejected - 1, 0)])
+        # A draft model's cache that trims less only drafts worse.
+        trim_prompt_cache(cache, max(rejected - 1, 0))
         self._pending = mx.array([], mx.uint32)
         if rejected == 0 and num_draft > 0:
             self._pending = self._drafts[0, -1:]
