@@ -156,7 +156,7 @@ def render_tool_calls(tool_calls: List[Dict[str, Any]]) -> str:
     return f"\n\n<{dsml_token}tool_calls>\n{invokes}\n</{dsml_token}tool_calls>"
 
 
-def _merge_user_turns(messages, first_index):
+def _merge_tool_messages(messages, first_index):
     merged = []
     for i, message in enumerate(messages, first_index):
         if not isinstance(message, dict):
@@ -182,7 +182,7 @@ def _merge_user_turns(messages, first_index):
     return merged
 
 
-def _sort_tool_results(messages):
+def _sort_tool_results_by_call_order(messages):
     order = {}
     for message in messages:
         if message["role"] == "assistant" and message.get("tool_calls"):
@@ -202,7 +202,7 @@ def _sort_tool_results(messages):
                 ]
 
 
-def _last_user(messages) -> int:
+def _find_last_user_index(messages) -> int:
     roles = [m["role"] for m in messages]
     return max(
         (i for i, r in enumerate(roles) if r in ("user", "developer")), default=-1
@@ -220,9 +220,8 @@ _KEPT_ROLES = (
 )
 
 
-def _drop_earlier_developer_messages(messages):
-    """DeepSeek's ``_drop_thinking_messages``."""
-    last_user = _last_user(messages)
+def _drop_thinking_messages(messages):
+    last_user = _find_last_user_index(messages)
     return [
         m for i, m in enumerate(messages) if i >= last_user or m["role"] in _KEPT_ROLES
     ]
@@ -374,14 +373,14 @@ def apply_chat_template(
         if role == "assistant":
             messages[-1] = {**messages[-1], "wo_eos": True}
 
-    messages = _merge_user_turns(messages, first_index)
-    _sort_tool_results(messages)
+    messages = _merge_tool_messages(messages, first_index)
+    _sort_tool_results_by_call_order(messages)
     if any(m.get("tools") for m in messages):
         drop_thinking = False
     if thinking and drop_thinking:
-        messages = _drop_earlier_developer_messages(messages)
+        messages = _drop_thinking_messages(messages)
 
-    last_user = _last_user(messages)
+    last_user = _find_last_user_index(messages)
     prompt = bos_token
     if messages and thinking:
         prompt += prompts[reasoning_effort]
