@@ -5,16 +5,20 @@
 import json
 from typing import Any, Dict, List, Optional
 
-from .deepseek_v32 import to_json
+from .deepseek_v32 import (
+    bos_token,
+    dsml_token,
+    eos_token,
+    find_last_user_index,
+    response_format_template,
+    thinking_end_token,
+    thinking_start_token,
+    to_json,
+)
 
-bos_token = "<｜begin▁of▁sentence｜>"
-eos_token = "<｜end▁of▁sentence｜>"
 user_token = "<｜User｜>"
 assistant_token = "<｜Assistant｜>"
 latest_reminder_token = "<｜latest_reminder｜>"
-thinking_start_token = "<think>"
-thinking_end_token = "</think>"
-dsml_token = "｜DSML｜"
 task_tokens = {
     "action": "<｜action｜>",
     "query": "<｜query｜>",
@@ -90,11 +94,6 @@ You MUST strictly follow the above defined tool name and parameter schemas \
 to invoke tool calls.
 """
 
-RESPONSE_FORMAT_TEMPLATE = (
-    "## Response Format:\n\n"
-    "You MUST strictly adhere to the following schema to reply:\n{schema}"
-)
-
 
 def render_tools(tools) -> str:
     schemas = []
@@ -156,7 +155,7 @@ def render_tool_calls(tool_calls: List[Dict[str, Any]]) -> str:
     return f"\n\n<{dsml_token}tool_calls>\n{invokes}\n</{dsml_token}tool_calls>"
 
 
-def _merge_user_turns(messages, first_index):
+def _merge_tool_messages(messages, first_index):
     merged = []
     for i, message in enumerate(messages, first_index):
         if not isinstance(message, dict):
@@ -182,7 +181,7 @@ def _merge_user_turns(messages, first_index):
     return merged
 
 
-def _sort_tool_results(messages):
+def _sort_tool_results_by_call_order(messages):
     order = {}
     for message in messages:
         if message["role"] == "assistant" and message.get("tool_calls"):
@@ -202,13 +201,6 @@ def _sort_tool_results(messages):
                 ]
 
 
-def _last_user(messages) -> int:
-    roles = [m["role"] for m in messages]
-    return max(
-        (i for i, r in enumerate(roles) if r in ("user", "developer")), default=-1
-    )
-
-
 # Kept before the last user turn ("direct_search_results" then raises, as in
 # DeepSeek's encoder).
 _KEPT_ROLES = (
@@ -220,9 +212,8 @@ _KEPT_ROLES = (
 )
 
 
-def _drop_earlier_developer_messages(messages):
-    """DeepSeek's ``_drop_thinking_messages``."""
-    last_user = _last_user(messages)
+def _drop_thinking_messages(messages):
+    last_user = find_last_user_index(messages)
     return [
         m for i, m in enumerate(messages) if i >= last_user or m["role"] in _KEPT_ROLES
     ]
@@ -268,7 +259,7 @@ def _render_message(i, messages, thinking, drop_thinking, last_user):
         if tools := message.get("tools"):
             text += "\n\n" + render_tools(tools)
         if response_format := message.get("response_format"):
-            text += "\n\n" + RESPONSE_FORMAT_TEMPLATE.format(
+            text += "\n\n" + response_format_template.format(
                 schema=to_json(response_format)
             )
 
@@ -374,14 +365,14 @@ def apply_chat_template(
         if role == "assistant":
             messages[-1] = {**messages[-1], "wo_eos": True}
 
-    messages = _merge_user_turns(messages, first_index)
-    _sort_tool_results(messages)
+    messages = _merge_tool_messages(messages, first_index)
+    _sort_tool_results_by_call_order(messages)
     if any(m.get("tools") for m in messages):
         drop_thinking = False
     if thinking and drop_thinking:
-        messages = _drop_earlier_developer_messages(messages)
+        messages = _drop_thinking_messages(messages)
 
-    last_user = _last_user(messages)
+    last_user = find_last_user_index(messages)
     prompt = bos_token
     if messages and thinking:
         prompt += prompts[reasoning_effort]

@@ -44,6 +44,7 @@ def _parse_block(text):
         if stop == block_end:
             return calls if i == len(text) else None
         i, head, stop = _until(text, i, [param, invoke_end])
+        # "\n?" here and below copies DeepSeek's "$", which matches before a final "\n".
         name = re.fullmatch(r'\s*name="(.*?)">\n\n?', head, flags=re.DOTALL)
         if name is None:
             return None
