@@ -91,9 +91,9 @@ def traced_modules(*modules):
     real_compile = mx.compile
 
     def counting_compile(fun, **kwargs):
-        def traced(*args):
+        def traced(*args, **kwargs):
             traces[fun.__name__] += 1
-            return fun(*args)
+            return fun(*args, **kwargs)
 
         return real_compile(traced, **kwargs)
 
