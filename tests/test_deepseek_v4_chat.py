@@ -9,6 +9,7 @@ from mlx_lm.chat_templates.deepseek_v4 import (
     render_tool_calls,
     user_token,
 )
+from mlx_lm.tool_parsers.deepseek_v4 import parse_tool_call
 
 # Conversations, as mlx_lm.server hands them to the encoder (tool call
 # arguments decoded, but for one not JSON), each with the options of the call.
@@ -201,6 +202,12 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
                 f'<{DSML}parameter name="days" string="false">2</{DSML}parameter>\n'
                 f"</{DSML}invoke>\n</{DSML}tool_calls>",
             )
+
+    def test_rendered_tool_calls_parse_back(self):
+        arguments = {"a": "x\ny", "b": [1, 2], "c": {"d": False}, "e": 3.5, "f": "7"}
+        calls = [{"name": "f", "arguments": arguments}, {"name": "g", "arguments": {}}]
+        text = render_tool_calls([{"function": c} for c in calls])
+        self.assertEqual(parse_tool_call(text, None), calls)
 
     def test_inputs_deepseeks_encoder_rejects_raise_naming_the_field(self):
         hi = {"role": "user", "content": "Hi"}
