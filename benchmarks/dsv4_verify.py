@@ -43,7 +43,11 @@ After a ``--context``-token prompt it prints:
   k=2..5 with the real block);
 - exactness (``--exactness``): the largest logit difference between a
   forward over 8 tokens and 8 one-token steps, float32 and bfloat16 on the
-  same weights, and how often their argmax differs.
+  same weights, and how often their argmax differs;
+- greedy guarantee (``--greedy-guarantee``): over 4 prompts, where greedy
+  speculative decoding (oracle drafters at the published acceptance: MTP
+  k=2, with ``--dspark`` DSpark block 5) first differs from plain greedy
+  decoding, and plain's logit margin there against that largest difference.
 
     python benchmarks/dsv4_verify.py --layers 43 --tiny --dtype float32
     python benchmarks/dsv4_verify.py --layers 43 --tiny --dtype float32 \\
@@ -785,41 +789,58 @@ def oracle(args, config, model, dmodel=None):
         )
 
 
-def exactness(args):
+def bf16_like_the_gpu(model):
+    """On the CPU, gathered experts multiply in float32 only."""
+    if mx.default_device() == mx.cpu:
+        experts = [
+            (k, v.astype(mx.float32))
+            for k, v in tree_flatten(model.parameters())
+            if ".switch_mlp." in k
+        ]
+        model.update(tree_unflatten(experts))
+    return model
+
+
+def verify_difference(model, prompt, rounds):
+    """The largest logit difference between a forward over 8 tokens and 8
+    one-token steps after ``prompt``, the largest logit, and at how many of
+    the positions their argmax differs."""
     from mlx_lm.models.cache import trim_prompt_cache
 
+    vocab = model.args.vocab_size
+    cache = prefill(model, prompt)
+    worst, scale, differ, total = 0.0, 0.0, 0, 0
+    for _ in range(rounds):
+        tokens = mx.random.randint(0, vocab, (1, 8)).astype(mx.int32)
+        wide = model(tokens, cache).astype(mx.float32)
+        mx.eval(wide)
+        trim_prompt_cache(cache, 8)
+        steps = [model(tokens[:, i : i + 1], cache) for i in range(8)]
+        steps = mx.concatenate(steps, axis=1).astype(mx.float32)
+        worst = max(worst, mx.abs(wide - steps).max().item())
+        scale = max(scale, mx.abs(steps).max().item())
+        differ += (wide.argmax(-1) != steps.argmax(-1)).sum().item()
+        total += 8
+        # One token further each round: every offset of the windows.
+        trim_prompt_cache(cache, 7)
+    return worst, scale, differ, total
+
+
+def exactness(args):
     print("verify forward over 8 tokens against 8 one-token steps:")
     cpu = mx.default_device() == mx.cpu
     _, model32 = build(args, "float32")
     for dtype in ("float32", "bfloat16"):
         # The same weights, the float32 ones rounded.
-        model = model32 if dtype == "float32" else build(args, dtype)[1]
-        if dtype != "float32" and mx.default_device() == mx.cpu:
-            # The CPU multiplies gathered experts in float32 only.
-            experts = [
-                (k, v.astype(mx.float32))
-                for k, v in tree_flatten(model.parameters())
-                if ".switch_mlp." in k
-            ]
-            model.update(tree_unflatten(experts))
-        vocab = model.args.vocab_size
+        if dtype == "float32":
+            model = model32
+        else:
+            model = bf16_like_the_gpu(build(args, dtype)[1])
         mx.random.seed(args.seed + 3)
-        prompt = mx.random.randint(0, vocab, (args.context,)).astype(mx.int32)
-        cache = prefill(model, prompt)
-        worst, scale, differ, total = 0.0, 0.0, 0, 0
-        for _ in range(args.exactness_rounds):
-            tokens = mx.random.randint(0, vocab, (1, 8)).astype(mx.int32)
-            wide = model(tokens, cache).astype(mx.float32)
-            mx.eval(wide)
-            trim_prompt_cache(cache, 8)
-            steps = [model(tokens[:, i : i + 1], cache) for i in range(8)]
-            steps = mx.concatenate(steps, axis=1).astype(mx.float32)
-            worst = max(worst, mx.abs(wide - steps).max().item())
-            scale = max(scale, mx.abs(steps).max().item())
-            differ += (wide.argmax(-1) != steps.argmax(-1)).sum().item()
-            total += 8
-            # One token further each round: every offset of the windows.
-            trim_prompt_cache(cache, 7)
+        prompt = mx.random.randint(0, model.args.vocab_size, (args.context,))
+        worst, scale, differ, total = verify_difference(
+            model, prompt.astype(mx.int32), args.exactness_rounds
+        )
         print(
             f"  {dtype:8}: max |logit difference| {worst:.3e} (logits up to "
             f"{scale:.2f}), argmax differs at {differ} of {total} positions"
@@ -827,7 +848,68 @@ def exactness(args):
         )
 
 
-def main():
+def first_differences(model, prompts, tokens, drafters):
+    """Greedy speculative decoding against plain greedy decoding: for each
+    prompt and each drafter (a function of plain's tokens giving a
+    ``Drafter`` and its drafts a round), the first index where the tokens
+    differ and plain's logit margin there of its token over the speculative
+    one (``None`` where they agree)."""
+    from mlx_lm.generate import generate_step, speculative_generate_step
+
+    found = []
+    for prompt in prompts:
+        plain = list(generate_step(prompt, model, max_tokens=tokens))
+        greedy = [int(t) for t, _ in plain]
+        for make in drafters:
+            drafter, k = make(greedy)
+            steps = speculative_generate_step(
+                prompt, model, drafter=drafter, num_draft_tokens=k, max_tokens=tokens
+            )
+            spec = [int(t) for t, _, _ in steps]
+            index = next(
+                (i for i, (a, b) in enumerate(zip(spec, greedy)) if a != b), None
+            )
+            if index is None:
+                found.append(None)
+                continue
+            logprobs = plain[index][1]
+            margin = logprobs[greedy[index]] - logprobs[spec[index]]
+            found.append((index, margin.item()))
+    return found
+
+
+def greedy_guarantee(args, model, dmodel=None, prompts=4):
+    """Where greedy speculative decoding first differs from plain greedy
+    decoding, against how far a verify's logits are from one-token steps'."""
+    from mlx_lm.models.deepseek_v4_dspark import DSparkDrafter
+    from mlx_lm.models.mtp_drafter import MTPDrafter
+
+    vocab = model.args.vocab_size
+    mx.random.seed(args.seed + 4)
+    prompt = mx.random.randint(0, vocab, (args.context,)).astype(mx.int32)
+    worst = verify_difference(model, prompt, args.exactness_rounds)[0]
+
+    def mtp(greedy):
+        rng = random.Random(len(greedy))
+        accepted = per_position(MTP_RATES[:2], rng)
+        return OracleDrafter(greedy, accepted, vocab, MTPDrafter(model)), 2
+
+    def dspark(greedy):
+        accepted = geometric(5, args.block_mean, random.Random(len(greedy)))[0]
+        drafter = DSparkDrafter(dmodel)
+        return OracleDrafter(greedy, accepted, vocab, drafter), 5
+
+    prompts = [
+        mx.random.randint(0, vocab, (args.context,)).astype(mx.int32)
+        for _ in range(prompts)
+    ]
+    found = first_differences(model, prompts, args.tokens, [mtp])
+    if dmodel is not None:
+        found += first_differences(dmodel, prompts, args.tokens, [dspark])
+    return worst, found
+
+
+def parse_args(argv=None):
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--layers", type=int, default=43, help="43: Flash's schedule")
     parser.add_argument(
@@ -867,9 +949,19 @@ def main():
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--exactness", action="store_true")
     parser.add_argument("--exactness-rounds", type=int, default=16)
-    args = parser.parse_args()
+    parser.add_argument(
+        "--greedy-guarantee",
+        action="store_true",
+        help="where speculative greedy first differs from plain greedy",
+    )
+    args = parser.parse_args(argv)
     if args.mtp_ratio is None:
         args.mtp_ratio = 0 if args.peer else 4
+    return args
+
+
+def main():
+    args = parse_args()
 
     config, model = build(args)
     layers = config["num_hidden_layers"]
@@ -898,6 +990,18 @@ def main():
         batch_rounds(args, config, model)
     if args.oracle:
         oracle(args, config, model, dmodel)
+    if args.greedy_guarantee:
+        if args.dtype != "float32":
+            for m in (model, dmodel):
+                if m is not None:
+                    bf16_like_the_gpu(m)
+        worst, found = greedy_guarantee(args, model, dmodel)
+        print(
+            f"greedy, {args.dtype}: a verify's logits within {worst:.3e} of "
+            f"one-token steps'; first differences from plain greedy "
+            f"(index, plain's margin) over {len(found)} runs of "
+            f"{args.tokens} tokens: {found}"
+        )
     if args.exactness:
         del model
         exactness(args)

@@ -673,7 +673,10 @@ class HyperConnection(deepseek_v41.HyperConnection):
 
     def collapse(self, streams: mx.array):
         if streams.shape[1] <= _STEP_ROWS:
-            return _mix_and_collapse(streams, **self.mix_args())
+            weights = (self.fn, self.base, self.scale, self._scale_ids, self._eps)
+            return _mix_and_collapse(
+                streams, *weights, self.iters, self.norm_eps, not self.training
+            )
         pre, post, comb = self(streams)
         weights = [pre[:, :, i] for i in range(self.hc)]
         parts = [streams[:, :, i] for i in range(self.hc)]
@@ -688,8 +691,19 @@ class HyperConnection(deepseek_v41.HyperConnection):
 
 
 @mx.compile
-def _mix_and_collapse(streams, **mix_args):
-    pre, post, comb = mixes(streams, **mix_args)
+def _mix_and_collapse(
+    streams, fn, base, scale, scale_ids, eps, iters, norm_eps, use_kernel
+):
+    pre, post, comb = mixes(
+        streams,
+        fn=fn,
+        base=base,
+        scale=scale[scale_ids],
+        iters=iters,
+        eps=eps,
+        norm_eps=norm_eps,
+        use_kernel=use_kernel,
+    )
     return collapse(streams, pre), post, comb
 
 
