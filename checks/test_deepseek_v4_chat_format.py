@@ -29,7 +29,6 @@ from test_deepseek_v4_chat import (  # noqa: E402
     MAX,
     NOW,
     PARIS,
-    PROMPTS_0731,
     REMINDER,
     SUNNY,
     SYS,
@@ -42,10 +41,11 @@ from test_deepseek_v4_chat import (  # noqa: E402
     tool,
     user,
 )
+from test_deepseek_v4_chat_checkpoints import PROMPTS_0731  # noqa: E402
 
 from mlx_lm.chat_templates.deepseek_v4 import (  # noqa: E402
-    REASONING_EFFORT_ABSOLUTE,
     REASONING_EFFORT_BEYOND,
+    REASONING_EFFORT_MAX,
     apply_chat_template,
     bos_token,
 )
@@ -233,16 +233,16 @@ class TestDeepseekV4ChatFormat(unittest.TestCase):
         encoder = "raise SystemExit('executed')\nREASONING_EFFORT_MAX = ''\n"
         own = self.checkpoint("own-encoder", {"dspark_block_size": 5}, encoder)
         for tokenizer, effort, prompt in [
-            (original, "max", REASONING_EFFORT_ABSOLUTE),
+            (original, "max", REASONING_EFFORT_MAX),
             (original, "high", ""),
             (original, None, ""),
             (dspark, "max", REASONING_EFFORT_BEYOND),
-            (dspark, "high", REASONING_EFFORT_ABSOLUTE),
+            (dspark, "high", REASONING_EFFORT_MAX),
             # DeepSeek's API: "medium" and none given are 0731's "high".
-            (dspark, "medium", REASONING_EFFORT_ABSOLUTE),
+            (dspark, "medium", REASONING_EFFORT_MAX),
             (dspark, "low", ""),
-            (dspark, None, REASONING_EFFORT_ABSOLUTE),
-            (own, "max", REASONING_EFFORT_ABSOLUTE),
+            (dspark, None, REASONING_EFFORT_MAX),
+            (own, "max", REASONING_EFFORT_MAX),
         ]:
             with self.subTest(effort=effort, path=tokenizer.name_or_path):
                 kwargs = {} if effort is None else {"reasoning_effort": effort}
@@ -251,7 +251,7 @@ class TestDeepseekV4ChatFormat(unittest.TestCase):
                 )
         # --chat-template-config / chat_template_kwargs name the format.
         out = self.render(dspark, reasoning_effort="max", chat_format="original")
-        self.assertEqual(out, bos_token + REASONING_EFFORT_ABSOLUTE + TAIL)
+        self.assertEqual(out, bos_token + REASONING_EFFORT_MAX + TAIL)
 
 
 if __name__ == "__main__":

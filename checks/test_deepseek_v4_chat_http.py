@@ -730,7 +730,7 @@ class TestDeepseekV4ChatLoad(unittest.TestCase):
     def test_the_commands_render_what_the_server_renders_without_an_effort(self):
         # The prompt each of mlx_lm.generate, mlx_lm.chat and mlx_lm.server
         # renders for "Hi" and no reasoning_effort, in both chat formats.
-        from mlx_lm.chat_templates.deepseek_v4 import REASONING_EFFORT_ABSOLUTE
+        from mlx_lm.chat_templates.deepseek_v4 import REASONING_EFFORT_MAX
 
         tmp = tempfile.TemporaryDirectory()
         self.addCleanup(tmp.cleanup)
@@ -742,7 +742,7 @@ class TestDeepseekV4ChatLoad(unittest.TestCase):
         )
         render = TokenizerWrapper.apply_chat_template
         bos, turn = "<｜begin▁of▁sentence｜>", "<｜User｜>Hi<｜Assistant｜><think>"
-        for path, prompt in [(self.path, ""), (folder_0731, REASONING_EFFORT_ABSOLUTE)]:
+        for path, prompt in [(self.path, ""), (folder_0731, REASONING_EFFORT_MAX)]:
             prompts = {}
 
             def record(name):

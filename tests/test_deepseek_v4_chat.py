@@ -113,7 +113,8 @@ CASES = [
 
 
 # DeepSeek's encoding/encoding_dsv4.py renders CASES as EXPECTED, given the
-# tool call arguments as JSON text.
+# tool call arguments as JSON text; "no generation prompt" is its output less
+# the final "<｜Assistant｜><think>" (mlx-lm's cut, as deepseek_v32's).
 TOOLS_BLOCK = '## Tools\n\nYou have access to a set of tools to help answer the user\'s question. You can invoke tools by writing a "<｜DSML｜tool_calls>" block like the following:\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="$TOOL_NAME">\n<｜DSML｜parameter name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE</｜DSML｜parameter>\n...\n</｜DSML｜invoke>\n<｜DSML｜invoke name="$TOOL_NAME2">\n...\n</｜DSML｜invoke>\n</｜DSML｜tool_calls>\n\nString parameters should be specified as is and set `string="true"`. For all other types (numbers, booleans, arrays, objects), pass the value in JSON format and set `string="false"`.\n\nIf thinking_mode is enabled (triggered by <think>), you MUST output your complete reasoning inside <think>...</think> BEFORE any tool calls or final response.\n\nOtherwise, output directly after </think> with tool calls or final response.\n\n### Available Tool Schemas\n\n{"name": "get_weather", "description": "The weather in a city.", "parameters": {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}}\n{"name": "get_time", "description": "The time now.", "parameters": {"type": "object", "properties": {}}}\n\nYou MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.\n'
 # ⟦tools⟧ stands for the block.
 EXPECTED = {
@@ -145,28 +146,6 @@ EXPECTED = {
 EXPECTED = {k: v.replace("⟦tools⟧", TOOLS_BLOCK) for k, v in EXPECTED.items()}
 
 
-# DeepSeek's effort prompts, byte for byte: the original's "max" is 0731's
-# "high"; 0731's "max" (encoding_dsv4.py of V4-Flash-0731 and later).
-ABSOLUTE = "Reasoning Effort: Absolute maximum with no shortcuts permitted.\nYou MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the root cause, rigorously stress-testing your logic against all potential paths, edge cases, and adversarial scenarios.\nExplicitly write out your entire deliberation process, documenting every intermediate step, considered alternative, and rejected hypothesis to ensure absolutely no assumption is left unchecked.\n\n"
-BEYOND = "Reasoning Effort: Beyond maximum — exhaustive, relentless, and uncompromising.\nYou MUST reason with the utmost depth and rigor, leaving absolutely nothing to chance: exhaustively decompose the problem into its most fundamental components, trace every causal chain to its root, and resolve the underlying cause rather than any surface symptom.\nDo not stop reasoning until you have independently verified the solution from multiple angles and are certain that no assumption remains unchecked and no error remains undiscovered.\n\n"
-
-# 0731's encoder is the original's but for the effort prompts (the two
-# releases' encoding/tests/ are the same files): in thinking mode the prompt
-# of the effort goes right after the BOS, "low" adding none.
-PROMPTS_0731 = {"low": "", "high": ABSOLUTE, "max": BEYOND}
-CASES_0731 = [
-    "one user turn, thinking",
-    "one user turn, chat",
-    "system and user",
-    "tool call and result",
-    "earlier reasoning dropped",
-    "developer message",
-    "latest reminder after the user turn",
-    "continue the final message",
-    "action task",
-]
-
-
 class TestDeepseekV4ChatTemplate(unittest.TestCase):
 
     def test_conversations_render_as_deepseeks_encoder(self):
@@ -175,21 +154,6 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
                 kwargs = {"add_generation_prompt": True, **kwargs}
                 out = apply_chat_template(messages, **kwargs)
                 self.assertEqual(out, EXPECTED[name])
-
-    def test_0731_conversations_render_as_deepseeks_encoder(self):
-        for name, messages, kwargs in CASES:
-            if name not in CASES_0731:
-                continue
-            thinking = kwargs.get("enable_thinking", True)
-            for effort, prompt in PROMPTS_0731.items():
-                with self.subTest(name, reasoning_effort=effort):
-                    options = {"add_generation_prompt": True, **kwargs}
-                    options["reasoning_effort"] = effort
-                    out = apply_chat_template(messages, chat_format="0731", **options)
-                    want = EXPECTED[name]
-                    if thinking:
-                        want = bos_token + prompt + want.removeprefix(bos_token)
-                    self.assertEqual(out, want)
 
     def test_arguments_as_json_text_or_decoded_render_the_same(self):
         decoded = {"city": "Paris", "days": 2}
@@ -217,7 +181,6 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
 
         bad = [
             ("reasoning_effort", [hi], {"reasoning_effort": "lowest"}),
-            ("'deep'", [hi], {"deep": True}),
             ("developer", [{"role": "developer", "content": ""}], {}),
             ("role 'bot'", [hi, {"role": "bot", "content": "x"}], {}),
             (
@@ -243,12 +206,6 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
                 {},
             ),
             ("return_dict", [hi], {"return_dict": True}),
-            ("chat_format", [hi], {"chat_format": "0730"}),
-            (
-                "reasoning_effort 'x' for the 0731",
-                [hi],
-                {"chat_format": "0731", "reasoning_effort": "x"},
-            ),
             (
                 "continue_final_message",
                 [{"role": "system", "content": "s"}],
@@ -263,6 +220,8 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
             apply_chat_template(
                 [hi], add_generation_prompt=True, continue_final_message=True
             )
+        with self.assertRaisesRegex(TypeError, "'deep'"):
+            apply_chat_template([hi], deep=True)
 
     def test_errors_name_the_callers_message_when_a_system_message_is_added(self):
         # tools and response_format go on a system message put in front.

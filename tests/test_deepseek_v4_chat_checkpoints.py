@@ -6,9 +6,10 @@ import unittest
 from pathlib import Path
 
 from mlx_lm.utils import load_tokenizer
-from test_deepseek_v4_chat import ABSOLUTE, BEYOND, EXPECTED, HI
+from test_deepseek_v4_chat import CASES, EXPECTED, HI
 
 from mlx_lm.chat_templates.deepseek_v4 import (
+    apply_chat_template,
     assistant_token,
     bos_token,
     eos_token,
@@ -16,6 +17,27 @@ from mlx_lm.chat_templates.deepseek_v4 import (
     thinking_start_token,
     user_token,
 )
+
+# DeepSeek's effort prompts, byte for byte: the original's "max" is 0731's
+# "high"; 0731's "max" (encoding_dsv4.py of V4-Flash-0731 and later).
+ABSOLUTE = "Reasoning Effort: Absolute maximum with no shortcuts permitted.\nYou MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the root cause, rigorously stress-testing your logic against all potential paths, edge cases, and adversarial scenarios.\nExplicitly write out your entire deliberation process, documenting every intermediate step, considered alternative, and rejected hypothesis to ensure absolutely no assumption is left unchecked.\n\n"
+BEYOND = "Reasoning Effort: Beyond maximum — exhaustive, relentless, and uncompromising.\nYou MUST reason with the utmost depth and rigor, leaving absolutely nothing to chance: exhaustively decompose the problem into its most fundamental components, trace every causal chain to its root, and resolve the underlying cause rather than any surface symptom.\nDo not stop reasoning until you have independently verified the solution from multiple angles and are certain that no assumption remains unchecked and no error remains undiscovered.\n\n"
+
+# 0731's encoder is the original's but for the effort prompts (the two
+# releases' encoding/tests/ are the same files): in thinking mode the prompt
+# of the effort goes right after the BOS, "low" adding none.
+PROMPTS_0731 = {"low": "", "high": ABSOLUTE, "max": BEYOND}
+CASES_0731 = [
+    "one user turn, thinking",
+    "one user turn, chat",
+    "system and user",
+    "tool call and result",
+    "earlier reasoning dropped",
+    "developer message",
+    "latest reminder after the user turn",
+    "continue the final message",
+    "action task",
+]
 
 
 def make_checkpoint(path, config=None, encoder=None):
@@ -52,6 +74,33 @@ def make_checkpoint(path, config=None, encoder=None):
 
 
 class TestDeepseekV4ChatCheckpoints(unittest.TestCase):
+
+    def test_0731_conversations_render_as_deepseeks_encoder(self):
+        for name, messages, kwargs in CASES:
+            if name not in CASES_0731:
+                continue
+            thinking = kwargs.get("enable_thinking", True)
+            for effort, prompt in PROMPTS_0731.items():
+                with self.subTest(name, reasoning_effort=effort):
+                    options = {"add_generation_prompt": True, **kwargs}
+                    options["reasoning_effort"] = effort
+                    out = apply_chat_template(messages, chat_format="0731", **options)
+                    want = EXPECTED[name]
+                    if thinking:
+                        want = bos_token + prompt + want.removeprefix(bos_token)
+                    self.assertEqual(out, want)
+
+    def test_invalid_chat_format_or_effort_raises_naming_it(self):
+        for field, kwargs in (
+            ("chat_format", {"chat_format": "0730"}),
+            (
+                "reasoning_effort 'x' for the 0731",
+                {"chat_format": "0731", "reasoning_effort": "x"},
+            ),
+        ):
+            with self.subTest(field):
+                with self.assertRaisesRegex(ValueError, field):
+                    apply_chat_template([HI], **kwargs)
 
     def test_each_checkpoint_gets_its_chat_format(self):
         tmp = tempfile.TemporaryDirectory()

@@ -2,7 +2,8 @@
 
 import unittest
 
-from test_deepseek_v4_chat import ABSOLUTE, EXPECTED, HI, SYS
+from test_deepseek_v4_chat import EXPECTED, HI, SYS
+from test_deepseek_v4_chat_checkpoints import ABSOLUTE
 
 from mlx_lm.chat_templates.deepseek_v4 import apply_chat_template, bos_token
 

@@ -28,7 +28,7 @@ task_tokens = {
     "read_url": "<｜read_url｜>",
 }
 
-REASONING_EFFORT_ABSOLUTE = (
+REASONING_EFFORT_MAX = (
     "Reasoning Effort: Absolute maximum with no shortcuts permitted.\n"
     "You MUST be very thorough in your thinking and comprehensively decompose "
     "the problem to resolve the root cause, rigorously stress-testing your "
@@ -37,28 +37,10 @@ REASONING_EFFORT_ABSOLUTE = (
     "intermediate step, considered alternative, and rejected hypothesis to "
     "ensure absolutely no assumption is left unchecked.\n\n"
 )
-REASONING_EFFORT_BEYOND = (
-    "Reasoning Effort: Beyond maximum \u2014 exhaustive, relentless, and "
-    "uncompromising.\n"
-    "You MUST reason with the utmost depth and rigor, leaving absolutely nothing "
-    "to chance: exhaustively decompose the problem into its most fundamental "
-    "components, trace every causal chain to its root, and resolve the "
-    "underlying cause rather than any surface symptom.\n"
-    "Do not stop reasoning until you have independently verified the solution "
-    "from multiple angles and are certain that no assumption remains unchecked "
-    "and no error remains undiscovered.\n\n"
-)
 
 # The prompt each effort puts after the BOS in thinking mode.
-REASONING_EFFORT_PROMPTS = {
-    "original": {"high": "", "max": REASONING_EFFORT_ABSOLUTE},
-    "0731": {
-        "low": "",
-        "high": REASONING_EFFORT_ABSOLUTE,
-        "max": REASONING_EFFORT_BEYOND,
-    },
-}
-DEFAULT_REASONING_EFFORT = {"original": "high", "0731": "low"}
+REASONING_EFFORT_PROMPTS = {"high": "", "max": REASONING_EFFORT_MAX}
+DEFAULT_REASONING_EFFORT = "high"
 
 TOOLS_TEMPLATE = """## Tools
 
@@ -109,25 +91,26 @@ def render_tools(tools) -> str:
     )
 
 
-def _arguments(arguments) -> Dict[str, Any]:
-    # JSON text (OpenAI) or decoded (mlx_lm.server); other text as one string.
+def encode_arguments_to_dsml(tool_call: Dict[str, Any]) -> str:
+    """The DSML parameters of a call's arguments: JSON text (OpenAI) or
+    decoded (mlx_lm.server); other text as one ``arguments`` string."""
+    arguments = tool_call["arguments"]
     if isinstance(arguments, str):
         try:
             arguments = json.loads(arguments)
         except ValueError:
-            return {"arguments": arguments}
+            arguments = {"arguments": arguments}
     if not isinstance(arguments, dict):
         raise ValueError(f"Tool call arguments must be a JSON object: {arguments!r}")
-    return arguments
-
-
-def _render_parameter(name, value) -> str:
-    string = "true" if isinstance(value, str) else "false"
-    value = value if isinstance(value, str) else to_json(value)
-    return (
-        f'<{dsml_token}parameter name="{name}" string="{string}">'
-        f"{value}</{dsml_token}parameter>"
-    )
+    parameters = []
+    for name, value in arguments.items():
+        string = "true" if isinstance(value, str) else "false"
+        value = value if isinstance(value, str) else to_json(value)
+        parameters.append(
+            f'<{dsml_token}parameter name="{name}" string="{string}">'
+            f"{value}</{dsml_token}parameter>"
+        )
+    return "\n".join(parameters)
 
 
 def render_tool_calls(tool_calls: List[Dict[str, Any]]) -> str:
@@ -143,21 +126,93 @@ def render_tool_calls(tool_calls: List[Dict[str, Any]]) -> str:
                 f"tool_calls[{i}] needs a 'function' with 'name' and 'arguments': "
                 f"{call!r}"
             )
-        params = "\n".join(
-            _render_parameter(k, v)
-            for k, v in _arguments(function["arguments"]).items()
-        )
         invokes.append(
-            f'<{dsml_token}invoke name="{function["name"]}">\n{params}\n'
-            f"</{dsml_token}invoke>"
+            f'<{dsml_token}invoke name="{function["name"]}">\n'
+            f"{encode_arguments_to_dsml(function)}\n</{dsml_token}invoke>"
         )
     invokes = "\n".join(invokes)
     return f"\n\n<{dsml_token}tool_calls>\n{invokes}\n</{dsml_token}tool_calls>"
 
 
-def _merge_tool_messages(messages, first_index):
+def render_message(
+    index: int,
+    messages: List[Dict[str, Any]],
+    thinking_mode: str,
+    drop_thinking: bool = True,
+) -> str:
+    """``messages[index]`` of the turns ``merge_tool_messages`` gives."""
+    message = messages[index]
+    role = message["role"]
+    where = f"messages[{message.get('index', index)}]"
+    content = message.get("content")
+    thinking = thinking_mode == "thinking"
+    last_user = find_last_user_index(messages)
+
+    if role == "system":
+        text = f"{content or ''}"
+    elif role == "developer":
+        if not content or not isinstance(content, str):
+            raise ValueError(f"{where}: a developer message needs text content")
+        text = user_token + content
+    elif role == "user":
+        parts = []
+        for kind, value, _ in message["parts"]:
+            if not isinstance(value, str):
+                raise ValueError(f"{where}: {kind} content must be a string")
+            parts.append(
+                f"<tool_result>{value}</tool_result>" if kind == "tool" else value
+            )
+        text = user_token + "\n\n".join(parts)
+    elif role == "latest_reminder":
+        text = f"{latest_reminder_token}{content}"
+    elif role == "assistant":
+        text = ""
+        prev_task = index > 0 and messages[index - 1].get("task") is not None
+        if thinking and not prev_task and (not drop_thinking or index > last_user):
+            text = f"{message.get('reasoning_content') or ''}{thinking_end_token}"
+        text += f"{content or ''}"
+        if message.get("tool_calls"):
+            text += render_tool_calls(message["tool_calls"])
+        if not message.get("wo_eos", False):
+            text += eos_token
+    else:
+        raise ValueError(f"{where}: unknown role {role!r}")
+
+    if role in ("system", "developer"):
+        if tools := message.get("tools"):
+            text += "\n\n" + render_tools(tools)
+        if response_format := message.get("response_format"):
+            text += "\n\n" + response_format_template.format(
+                schema=to_json(response_format)
+            )
+
+    if index + 1 < len(messages) and messages[index + 1]["role"] not in (
+        "assistant",
+        "latest_reminder",
+    ):
+        return text
+    think = thinking_start_token if thinking else thinking_end_token
+    task = message.get("task")
+    if task is not None:
+        if task not in task_tokens:
+            raise ValueError(
+                f"{where}: invalid task {task!r}, expected one of {list(task_tokens)}"
+            )
+        if task == "action":
+            text += assistant_token + think
+        text += task_tokens[task]
+    elif role in ("user", "developer"):
+        if drop_thinking and index < last_user:
+            think = thinking_end_token
+        text += assistant_token + think
+    return text
+
+
+def merge_tool_messages(messages: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """Runs of tool and user messages as one user turn of ``parts``; each
+    turn keeps the caller's ``index`` of its first message."""
     merged = []
-    for i, message in enumerate(messages, first_index):
+    for i, message in enumerate(messages):
         if not isinstance(message, dict):
             raise ValueError(f"messages[{i}] must be a dict, got {message!r}")
         role = message.get("role")
@@ -181,7 +236,9 @@ def _merge_tool_messages(messages, first_index):
     return merged
 
 
-def _sort_tool_results_by_call_order(messages):
+def sort_tool_results_by_call_order(
+    messages: List[Dict[str, Any]],
+) -> List[Dict[str, Any]]:
     order = {}
     for message in messages:
         if message["role"] == "assistant" and message.get("tool_calls"):
@@ -199,6 +256,7 @@ def _sort_tool_results_by_call_order(messages):
                 message["parts"] = [
                     next(results) if p[0] == "tool" else p for p in message["parts"]
                 ]
+    return messages
 
 
 # Kept before the last user turn ("direct_search_results" then raises, as in
@@ -219,70 +277,48 @@ def _drop_thinking_messages(messages):
     ]
 
 
-def _render_message(i, messages, thinking, drop_thinking, last_user):
-    message = messages[i]
-    role = message["role"]
-    where = f"messages[{message['index']}]"
-    content = message.get("content")
+def encode_messages(
+    messages: List[Dict[str, Any]],
+    thinking_mode: str = "thinking",
+    drop_thinking: bool = True,
+    reasoning_effort: Optional[str] = None,
+    tools: Optional[List[Dict[str, Any]]] = None,
+    response_format: Optional[Dict[str, Any]] = None,
+) -> str:
+    """DeepSeek's ``encode_messages``; ``tools`` and ``response_format`` go
+    on the system message in front (one is added where there is none)."""
+    if thinking_mode not in ("chat", "thinking"):
+        raise ValueError(
+            f"Invalid thinking_mode {thinking_mode!r}, expected 'chat' or 'thinking'"
+        )
+    reasoning_effort = reasoning_effort or DEFAULT_REASONING_EFFORT
+    if reasoning_effort not in REASONING_EFFORT_PROMPTS:
+        raise ValueError(
+            f"Invalid reasoning_effort {reasoning_effort!r}, expected one of "
+            f"{list(REASONING_EFFORT_PROMPTS)}"
+        )
 
-    if role == "system":
-        text = f"{content or ''}"
-    elif role == "developer":
-        if not content or not isinstance(content, str):
-            raise ValueError(f"{where}: a developer message needs text content")
-        text = user_token + content
-    elif role == "user":
-        parts = []
-        for kind, value, _ in message["parts"]:
-            if not isinstance(value, str):
-                raise ValueError(f"{where}: {kind} content must be a string")
-            parts.append(
-                f"<tool_result>{value}</tool_result>" if kind == "tool" else value
-            )
-        text = user_token + "\n\n".join(parts)
-    elif role == "latest_reminder":
-        text = f"{latest_reminder_token}{content}"
-    elif role == "assistant":
-        text = ""
-        prev_task = i > 0 and messages[i - 1].get("task") is not None
-        if thinking and not prev_task and (not drop_thinking or i > last_user):
-            text = f"{message.get('reasoning_content') or ''}{thinking_end_token}"
-        text += f"{content or ''}"
-        if message.get("tool_calls"):
-            text += render_tool_calls(message["tool_calls"])
-        if not message.get("wo_eos", False):
-            text += eos_token
-    else:
-        raise ValueError(f"{where}: unknown role {role!r}")
+    messages = sort_tool_results_by_call_order(merge_tool_messages(messages))
+    if tools or response_format:
+        if not messages or messages[0]["role"] != "system":
+            messages.insert(0, {"role": "system", "content": ""})
+        elif tools and messages[0].get("tools"):
+            raise ValueError("tools are given both as an argument and in messages[0]")
+        if tools:
+            messages[0]["tools"] = tools
+        if response_format:
+            messages[0]["response_format"] = response_format
+    if any(m.get("tools") for m in messages):
+        drop_thinking = False
+    if thinking_mode == "thinking" and drop_thinking:
+        messages = _drop_thinking_messages(messages)
 
-    if role in ("system", "developer"):
-        if tools := message.get("tools"):
-            text += "\n\n" + render_tools(tools)
-        if response_format := message.get("response_format"):
-            text += "\n\n" + response_format_template.format(
-                schema=to_json(response_format)
-            )
-
-    if i + 1 < len(messages) and messages[i + 1]["role"] not in (
-        "assistant",
-        "latest_reminder",
-    ):
-        return text
-    think = thinking_start_token if thinking else thinking_end_token
-    task = message.get("task")
-    if task is not None:
-        if task not in task_tokens:
-            raise ValueError(
-                f"{where}: invalid task {task!r}, expected one of {list(task_tokens)}"
-            )
-        if task == "action":
-            text += assistant_token + think
-        text += task_tokens[task]
-    elif role in ("user", "developer"):
-        if drop_thinking and i < last_user:
-            think = thinking_end_token
-        text += assistant_token + think
-    return text
+    prompt = bos_token
+    if messages and thinking_mode == "thinking":
+        prompt += REASONING_EFFORT_PROMPTS[reasoning_effort]
+    for index in range(len(messages)):
+        prompt += render_message(index, messages, thinking_mode, drop_thinking)
+    return prompt
 
 
 def apply_chat_template(
@@ -292,68 +328,19 @@ def apply_chat_template(
     continue_final_message: bool = False,
     enable_thinking: bool = True,
     reasoning_effort: Optional[str] = None,
-    drop_thinking: bool = True,
-    response_format: Optional[Dict[str, Any]] = None,
-    thinking_mode: Optional[str] = None,
-    chat_format: str = "original",
     return_dict: bool = False,
     **kwargs,
 ) -> str:
-    """DeepSeek's ``encode_messages``. ``chat_format`` is ``"original"`` or
-    ``"0731"`` (V4-Flash-0731, V4-Pro-0813), whose reasoning efforts differ;
-    ``thinking_mode`` is DeepSeek's keyword for ``enable_thinking``."""
+    """``encode_messages`` with mlx-lm's keywords; ``enable_thinking`` is
+    DeepSeek's ``thinking_mode``, which wins where given."""
     if continue_final_message and add_generation_prompt:
         raise ValueError(
             "Only one of continue_final_message or add_generation_prompt can be True"
         )
-    if kwargs:
-        raise ValueError(
-            f"Unknown chat template arguments {sorted(kwargs)} for DeepSeek-V4, "
-            "expected among add_generation_prompt, chat_format, "
-            "continue_final_message, drop_thinking, enable_thinking, "
-            "reasoning_effort, response_format, thinking_mode, tools"
-        )
     if return_dict:
         raise ValueError("return_dict=True is not supported: the template gives text")
-    thinking = enable_thinking
-    if thinking_mode is not None:
-        if thinking_mode not in ("chat", "thinking"):
-            raise ValueError(
-                f"Invalid thinking_mode {thinking_mode!r}, "
-                "expected 'chat' or 'thinking'"
-            )
-        thinking = thinking_mode == "thinking"
-    if chat_format not in REASONING_EFFORT_PROMPTS:
-        raise ValueError(
-            f"Invalid chat_format {chat_format!r}, expected one of "
-            f"{list(REASONING_EFFORT_PROMPTS)}"
-        )
-    prompts = REASONING_EFFORT_PROMPTS[chat_format]
-    reasoning_effort = reasoning_effort or DEFAULT_REASONING_EFFORT[chat_format]
-    if reasoning_effort not in prompts:
-        raise ValueError(
-            f"Invalid reasoning_effort {reasoning_effort!r} for the "
-            f"{chat_format} chat format, expected one of {list(prompts)}"
-        )
-
-    messages = list(messages)
-    first_index = 0
-    if tools or response_format:
-        if messages and messages[0].get("role") == "system":
-            system = dict(messages[0])
-            if tools and system.get("tools"):
-                raise ValueError(
-                    "tools are given both as an argument and in messages[0]"
-                )
-        else:
-            system = {"role": "system", "content": ""}
-            messages.insert(0, system)
-            first_index = -1
-        if tools:
-            system["tools"] = tools
-        if response_format:
-            system["response_format"] = response_format
-        messages[0] = system
+    if kwargs.get("thinking_mode") is None:
+        kwargs["thinking_mode"] = "thinking" if enable_thinking else "chat"
     if continue_final_message:
         # A final user turn stays open (as mlx_lm.cache_prompt asks).
         role = messages[-1].get("role") if messages else None
@@ -363,28 +350,17 @@ def apply_chat_template(
                 f"developer message, not {role!r}"
             )
         if role == "assistant":
-            messages[-1] = {**messages[-1], "wo_eos": True}
+            messages = [*messages[:-1], {**messages[-1], "wo_eos": True}]
 
-    messages = _merge_tool_messages(messages, first_index)
-    _sort_tool_results_by_call_order(messages)
-    if any(m.get("tools") for m in messages):
-        drop_thinking = False
-    if thinking and drop_thinking:
-        messages = _drop_thinking_messages(messages)
+    prompt = encode_messages(
+        messages, reasoning_effort=reasoning_effort, tools=tools, **kwargs
+    )
 
-    last_user = find_last_user_index(messages)
-    prompt = bos_token
-    if messages and thinking:
-        prompt += prompts[reasoning_effort]
-    for i in range(len(messages)):
-        prompt += _render_message(i, messages, thinking, drop_thinking, last_user)
-
-    if (
-        not add_generation_prompt
-        and messages
-        and messages[-1]["role"] in ("user", "developer")
-        and messages[-1].get("task") is None
-    ):
-        think = thinking_start_token if thinking else thinking_end_token
-        prompt = prompt.removesuffix(assistant_token + think)
+    # mlx-lm's cut, as deepseek_v32's: without a generation prompt a final user
+    # turn ends at its text (DeepSeek's encoder always opens the reply).
+    role = messages[-1].get("role") if messages else None
+    reply = [assistant_token + t for t in (thinking_start_token, thinking_end_token)]
+    if not add_generation_prompt and role in ("user", "tool", "developer"):
+        if prompt.endswith(tuple(reply)):
+            prompt = prompt[: prompt.rindex(assistant_token)]
     return prompt
