@@ -13,7 +13,6 @@ python benchmarks/dsv4_verify.py --layers 43 --experts 8 --no-verify --dspark \\
 import unittest
 
 import dsv4_verify
-import mlx.core as mx
 
 
 def guarantee(dtype):
