@@ -86,7 +86,7 @@ MORE_CASES = [
     ("reasoning effort max with tools", [HI], {**MAX, **T}),
     ("reasoning effort max in chat mode", [SYS, HI], {**MAX, **CHAT}),
     ("reasoning effort high", [SYS, HI], {"reasoning_effort": "high"}),
-    ("response format and tools", [HI], {"response_format": SCHEMA, **T}),
+    ("response format and tools", [msg("system", "", response_format=SCHEMA), HI], T),
     ("system message mid-conversation", [SYS, HI, HELLO, VERBOSE, ASK], {}),
     ("two leading system messages", [SYS, FRENCH, HI], {}),
     ("two leading system messages with tools", [SYS, FRENCH, HI], T),

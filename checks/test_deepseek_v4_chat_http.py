@@ -495,6 +495,21 @@ class TestDeepseekV4ChatServer(unittest.TestCase):
         )
         self.assertEqual(prompts, [chat, high, high, high, high, max_])
 
+    def test_a_response_format_on_the_system_message_reaches_the_prompt(self):
+        # DeepSeek's field for it; the encoder has no response_format keyword.
+        schema = {"type": "json_object"}
+        messages = [
+            {"role": "system", "content": "Be brief.", "response_format": schema},
+            {"role": "user", "content": "Hi"},
+        ]
+        prompts, patch = self.record_prompts()
+        with patch:
+            status, answer = self.status_of({"messages": messages, "max_tokens": 2})
+        self.assertEqual(status, 200, answer)
+        want = apply_chat_template(messages, add_generation_prompt=True)
+        self.assertEqual(prompts, [want])
+        self.assertIn("## Response Format:\n\nYou MUST strictly adhere", want)
+
     def test_what_the_template_rejects_is_a_400_naming_the_field(self):
         ask = [{"role": "user", "content": "Hi"}]
         bad = [

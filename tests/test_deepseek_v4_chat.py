@@ -65,6 +65,7 @@ ROME = call("call_2", "get_weather", {"city": "Rome"})
 NOW = call("call_3", "get_time", {})
 
 SYS = msg("system", "Be brief.")
+JSON_SYS = msg("system", "Be brief.", response_format={"type": "json_object"})
 HI = user("Hi")
 HELLO = assistant("Hello!", "A greeting.")
 ASK = user("Weather in Paris?")
@@ -96,7 +97,7 @@ CASES = [
     ("tool results sorted into call order", [ASK, BOTH, *RESULTS], T),
     ("arguments of every JSON type", [HI, EVERY_TYPE, tool("done")], T),
     ("reasoning effort max", [SYS, HI], MAX),
-    ("response format", [SYS, HI], {"response_format": {"type": "json_object"}}),
+    ("response format", [JSON_SYS, HI], {}),
     ("developer message", [msg("developer", "Answer in French.")], {}),
     ("latest reminder after the user turn", [SYS, HI, REMINDER], {}),
     ("continue the final message", [HI, assistant("Hel", "Greet.")], CONT),
@@ -224,8 +225,8 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
             apply_chat_template([hi], deep=True)
 
     def test_errors_name_the_callers_message_when_a_system_message_is_added(self):
-        # tools and response_format go on a system message put in front.
-        for kwargs in ({}, T, {"response_format": {"type": "json_object"}}):
+        # tools go on a system message put in front.
+        for kwargs in ({}, T):
             with self.subTest(list(kwargs)):
                 with self.assertRaisesRegex(ValueError, r"messages\[0\]: user"):
                     apply_chat_template([user(None)], **kwargs)

@@ -149,7 +149,7 @@ def render_message(
     last_user = find_last_user_index(messages)
 
     if role == "system":
-        text = f"{content or ''}"
+        text = content or ""
     elif role == "developer":
         if not content or not isinstance(content, str):
             raise ValueError(f"{where}: a developer message needs text content")
@@ -170,7 +170,7 @@ def render_message(
         prev_task = index > 0 and messages[index - 1].get("task") is not None
         if thinking and not prev_task and (not drop_thinking or index > last_user):
             text = f"{message.get('reasoning_content') or ''}{thinking_end_token}"
-        text += f"{content or ''}"
+        text += content or ""
         if message.get("tool_calls"):
             text += render_tool_calls(message["tool_calls"])
         if not message.get("wo_eos", False):
@@ -283,10 +283,9 @@ def encode_messages(
     drop_thinking: bool = True,
     reasoning_effort: Optional[str] = None,
     tools: Optional[List[Dict[str, Any]]] = None,
-    response_format: Optional[Dict[str, Any]] = None,
 ) -> str:
-    """DeepSeek's ``encode_messages``; ``tools`` and ``response_format`` go
-    on the system message in front (one is added where there is none)."""
+    """DeepSeek's ``encode_messages``; ``tools`` go on the system message in
+    front (one is added where there is none)."""
     if thinking_mode not in ("chat", "thinking"):
         raise ValueError(
             f"Invalid thinking_mode {thinking_mode!r}, expected 'chat' or 'thinking'"
@@ -299,15 +298,12 @@ def encode_messages(
         )
 
     messages = sort_tool_results_by_call_order(merge_tool_messages(messages))
-    if tools or response_format:
+    if tools:
         if not messages or messages[0]["role"] != "system":
             messages.insert(0, {"role": "system", "content": ""})
-        elif tools and messages[0].get("tools"):
+        elif messages[0].get("tools"):
             raise ValueError("tools are given both as an argument and in messages[0]")
-        if tools:
-            messages[0]["tools"] = tools
-        if response_format:
-            messages[0]["response_format"] = response_format
+        messages[0]["tools"] = tools
     if any(m.get("tools") for m in messages):
         drop_thinking = False
     if thinking_mode == "thinking" and drop_thinking:

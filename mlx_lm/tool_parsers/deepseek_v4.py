@@ -14,12 +14,12 @@ tool_call_end = ""
 _start = re.compile(rf"\s*<{dsml}tool_calls>")
 
 
-def _until(text, i, stops):
-    found = [(p, s) for s in stops if (p := text.find(s, i)) >= 0]
+def _read_until_stop(index, text, stop):
+    found = [(p, s) for s in stop if (p := text.find(s, index)) >= 0]
     if not found:
-        return len(text), text[i:], None
-    p, stop = min(found)
-    return p + len(stop), text[i:p], stop
+        return len(text), text[index:], None
+    p, matched = min(found)
+    return p + len(matched), text[index:p], matched
 
 
 def _value(raw, string):
@@ -32,36 +32,46 @@ def _value(raw, string):
 
 
 def _parse_block(text):
+    """The calls of the block after its start tag; a block DeepSeek's
+    parser rejects raises a ValueError that names the fault."""
     invoke, param = f"<{dsml}invoke", f"<{dsml}parameter"
     invoke_end, block_end = f"</{dsml}invoke", f"</{dsml}tool_calls>"
+    if block_end not in text:
+        raise ValueError(f"The tool calls have no closing {block_end}")
     # Each invoke and the block end follow a ">" and a newline.
     text = ">" + text
     calls = []
-    i, gap, stop = _until(text, 0, [invoke, block_end])
+    index, gap, stop = _read_until_stop(0, text, [invoke, block_end])
     while True:
         if gap != ">\n":
-            return None
+            raise ValueError(f"Tool call format error: expected '>\\n', got {gap!r}")
         if stop == block_end:
-            return calls if i == len(text) else None
-        i, head, stop = _until(text, i, [param, invoke_end])
+            if text[index:].strip():
+                raise ValueError(f"Text after the tool calls: {text[index:]!r}")
+            return calls
+        index, head, stop = _read_until_stop(index, text, [param, invoke_end])
         # "\n?" here and below copies DeepSeek's "$", which matches before a final "\n".
         name = re.fullmatch(r'\s*name="(.*?)">\n\n?', head, flags=re.DOTALL)
         if name is None:
-            return None
-        params = []
+            raise ValueError(f"Tool name format error: {head!r}")
+        arguments = {}
         while stop == param:
-            i, body, _ = _until(text, i, [f"/{dsml}parameter"])
+            index, body, _ = _read_until_stop(index, text, [f"/{dsml}parameter"])
             m = re.fullmatch(
                 r' name="(.*?)" string="(true|false)">(.*?)<\n?', body, flags=re.DOTALL
             )
-            if m is None or m[1] in dict(params):
-                return None
-            params.append((m[1], (m[3], m[2])))
-            i, gap, stop = _until(text, i, [param, invoke_end])
+            if m is None:
+                raise ValueError(f"Parameter format error: {body!r}")
+            if m[1] in arguments:
+                raise ValueError(f"Duplicate parameter name: {m[1]!r}")
+            arguments[m[1]] = _value(m[3], m[2])
+            index, gap, stop = _read_until_stop(index, text, [param, invoke_end])
             if gap != ">\n":
-                return None
-        calls.append({"name": name[1], "arguments": {k: _value(*v) for k, v in params}})
-        i, gap, stop = _until(text, i, [invoke, block_end])
+                raise ValueError(
+                    f"Parameter format error: expected '>\\n', got {gap!r}"
+                )
+        calls.append({"name": name[1], "arguments": arguments})
+        index, gap, stop = _read_until_stop(index, text, [invoke, block_end])
 
 
 def parse_tool_call(
