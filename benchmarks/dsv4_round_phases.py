@@ -1,0 +1,160 @@
+# Copyright © 2026 Apple Inc.
+"""Where a speculative round's time goes, against a plain step.
+
+``speculative_generate_step(mtp=True)`` (MTP at ``--mtp-k`` drafts; with
+``--dspark`` also DSpark at a block of ``--dspark-block``) and
+``generate_step`` on the same random weights as benchmarks/dsv4_verify.py
+(nothing accepted: a round gives one token), alternated in one process.
+Each round's (or step's) wall time is split into the host's work building
+the drafter's graph (``Drafter.draft`` and ``accept``), the target's
+forward graph, ``mx.async_eval`` (the launches) and the waits on the
+device (``tolist``, ``item``, ``mx.eval``); "other" is the rest of the
+loop's Python.
+
+    python3 benchmarks/dsv4_round_phases.py --layers 43 --experts 8 --dspark
+"""
+
+import statistics
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+from unittest import mock
+
+import mlx.core as mx
+
+sys.path.insert(0, str(Path(__file__).parent))
+import dsv4_verify  # noqa: E402
+
+WAITS = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__")
+
+
+class Phases:
+    """Wall time by phase, the outer phase charged only for its own part."""
+
+    def __init__(self):
+        self.total, self.stack = defaultdict(float), []
+
+    def timed(self, name, fn):
+        def call(*args, **kwargs):
+            tic = time.perf_counter()
+            self.stack.append(0.0)
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                inner = self.stack.pop()
+                spent = time.perf_counter() - tic
+                self.total[name] += spent - inner
+                if self.stack:
+                    self.stack[-1] += spent
+
+        return call
+
+    def patches(self, model, drafter_class):
+        out = [mock.patch.object(mx, "eval", self.timed("wait", mx.eval))]
+        out.append(
+            mock.patch.object(mx, "async_eval", self.timed("launch", mx.async_eval))
+        )
+        for name in WAITS:
+            out.append(
+                mock.patch.object(
+                    mx.array, name, self.timed("wait", getattr(mx.array, name))
+                )
+            )
+        forward = type(model).__call__
+        out.append(
+            mock.patch.object(type(model), "__call__", self.timed("target", forward))
+        )
+        for name in ("draft", "accept"):
+            method = getattr(drafter_class, name)
+            out.append(
+                mock.patch.object(drafter_class, name, self.timed("drafter", method))
+            )
+        return out
+
+
+def split(model, drafter_class, steps, tokens):
+    phases = Phases()
+    patches = phases.patches(model, drafter_class)
+    for p in patches:
+        p.start()
+    try:
+        rounds, tic = 0, None
+        for n, item in enumerate(steps(tokens)):
+            if n == 0:
+                # From the first token on: the prefill is not a round.
+                phases.total.clear()
+                tic = time.perf_counter()
+            else:
+                rounds += not (len(item) > 2 and item[2])
+        wall = time.perf_counter() - tic
+    finally:
+        for p in reversed(patches):
+            p.stop()
+    out = {k: v / rounds for k, v in phases.total.items()}
+    out["wall"] = wall / rounds
+    out["other"] = out["wall"] - sum(
+        out.get(k, 0.0) for k in ("drafter", "target", "launch", "wait")
+    )
+    return out
+
+
+def main():
+    parser_args = sys.argv[1:]
+    extra = {"--dspark-block": "5"}
+    if "--dspark-block" in parser_args:
+        i = parser_args.index("--dspark-block")
+        extra["--dspark-block"] = parser_args[i + 1]
+        del parser_args[i : i + 2]
+    args = dsv4_verify.parse_args(parser_args)
+    from mlx_lm.generate import generate_step, speculative_generate_step
+    from mlx_lm.models.deepseek_v4_dspark import DSparkDrafter
+    from mlx_lm.models.mtp_drafter import MTPDrafter
+
+    config, model = dsv4_verify.build(args)
+    mx.random.seed(args.seed + 1)
+    prompt = mx.random.randint(0, config["vocab_size"], (args.context,)).astype(
+        mx.int32
+    )
+    variants = {"plain step": (model, None, 0)}
+    k = dsv4_verify.ints(args.mtp_k)[0]
+    variants[f"MTP round, k={k}"] = (model, MTPDrafter, k)
+    if args.dspark:
+        _, dmodel = dsv4_verify.build_dspark(args, config, model)
+        b = int(extra["--dspark-block"])
+        variants[f"DSpark round, block {b}"] = (dmodel, DSparkDrafter, b)
+
+    def steps_of(target, k):
+        if k == 0:
+            return lambda n: generate_step(prompt, target, max_tokens=n)
+        return lambda n: speculative_generate_step(
+            prompt, target, mtp=True, num_draft_tokens=k, max_tokens=n
+        )
+
+    for name, (target, cls, k) in variants.items():
+        split(target, cls or MTPDrafter, steps_of(target, k), 8)  # warm up
+    runs = defaultdict(list)
+    for _ in range(args.repeat):
+        for name, (target, cls, k) in variants.items():
+            runs[name].append(
+                split(target, cls or MTPDrafter, steps_of(target, k), args.tokens)
+            )
+    cols = ["wall", "drafter", "target", "launch", "wait", "other"]
+    print(
+        f"ms a round (a step), medians of {args.repeat} alternated runs of "
+        f"{args.tokens} tokens after {args.context}; wall min-max in brackets"
+    )
+    print(f"{'':24}" + "".join(f"{c:>18}" for c in cols))
+    for name, rs in runs.items():
+        cells = []
+        for c in cols:
+            vals = [r.get(c, 0.0) * 1e3 for r in rs]
+            cell = f"{statistics.median(vals):.1f}"
+            if c == "wall":
+                cell += f" ({min(vals):.1f}-{max(vals):.1f})"
+            cells.append(cell)
+        print(f"{name:24}" + "".join(f"{c:>18}" for c in cells))
+
+
+if __name__ == "__main__":
+    main()
