@@ -131,7 +131,7 @@ def main():
             prompt, target, mtp=True, num_draft_tokens=k, max_tokens=n
         )
 
-    for name, (target, cls, k) in variants.items():
+    for target, cls, k in variants.values():
         split(target, cls or MTPDrafter, steps_of(target, k), 8)  # warm up
     runs = defaultdict(list)
     for _ in range(args.repeat):
