@@ -108,6 +108,7 @@ def main():
         del parser_args[i : i + 2]
     args = dsv4_verify.parse_args(parser_args)
     from mlx_lm.generate import generate_step, speculative_generate_step
+
     from mlx_lm.models.deepseek_v4_dspark import DSparkDrafter
     from mlx_lm.models.mtp_drafter import MTPDrafter
 
