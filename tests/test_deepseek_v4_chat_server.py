@@ -108,6 +108,30 @@ class TestDeepseekV4ChatServer(unittest.TestCase):
                 with self.subTest(reply, size=size):
                     self.assertEqual(self.reply(reply, size), (content, seoul))
 
+    def test_malformed_tools_and_tool_calls_raise_naming_the_field(self):
+        # A ValueError, which mlx_lm.server answers with a 400.
+        hi = {"role": "user", "content": "Hi"}
+
+        def assistant(call):
+            return {"role": "assistant", "content": "", "tool_calls": [call]}
+
+        for field, messages, kwargs in [
+            (r"tools\[0\] has no 'function'", [hi], {"tools": [{"name": "f"}]}),
+            (
+                r"tool_calls\[0\] needs a 'function'",
+                [hi, assistant({"name": "f", "arguments": {}})],
+                {},
+            ),
+            (
+                "arguments must be a JSON object",
+                [hi, assistant({"function": {"name": "f", "arguments": "[1]"}})],
+                {},
+            ),
+        ]:
+            with self.subTest(field):
+                with self.assertRaisesRegex(ValueError, field):
+                    apply_chat_template(messages, **kwargs)
+
     def test_tool_results_in_parts_render_as_deepseeks_encoder(self):
         parts = tool([{"type": "text", "text": t} for t in ("Sunny", "22 C")], "call_1")
         out = apply_chat_template(

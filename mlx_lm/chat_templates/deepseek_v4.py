@@ -44,50 +44,38 @@ DEFAULT_REASONING_EFFORT = "high"
 
 TOOLS_TEMPLATE = """## Tools
 
-You have access to a set of tools to help answer the user's question. \
-You can invoke tools by writing a "<{dsml}tool_calls>" block like the following:
+You have access to a set of tools to help answer the user's question. You can invoke tools by writing a "<{dsml_token}tool_calls>" block like the following:
 
-<{dsml}tool_calls>
-<{dsml}invoke name="$TOOL_NAME">
-<{dsml}parameter name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE\
-</{dsml}parameter>
+<{dsml_token}tool_calls>
+<{dsml_token}invoke name="$TOOL_NAME">
+<{dsml_token}parameter name="$PARAMETER_NAME" string="true|false">$PARAMETER_VALUE</{dsml_token}parameter>
 ...
-</{dsml}invoke>
-<{dsml}invoke name="$TOOL_NAME2">
+</{dsml_token}invoke>
+<{dsml_token}invoke name="$TOOL_NAME2">
 ...
-</{dsml}invoke>
-</{dsml}tool_calls>
+</{dsml_token}invoke>
+</{dsml_token}tool_calls>
 
-String parameters should be specified as is and set `string="true"`. \
-For all other types (numbers, booleans, arrays, objects), pass the value in \
-JSON format and set `string="false"`.
+String parameters should be specified as is and set `string="true"`. For all other types (numbers, booleans, arrays, objects), pass the value in JSON format and set `string="false"`.
 
-If thinking_mode is enabled (triggered by {start}), you MUST output your \
-complete reasoning inside {start}...{end} BEFORE any tool calls or final \
-response.
+If thinking_mode is enabled (triggered by {thinking_start_token}), you MUST output your complete reasoning inside {thinking_start_token}...{thinking_end_token} BEFORE any tool calls or final response.
 
-Otherwise, output directly after {end} with tool calls or final response.
+Otherwise, output directly after {thinking_end_token} with tool calls or final response.
 
 ### Available Tool Schemas
 
-{schemas}
+{tool_schemas}
 
-You MUST strictly follow the above defined tool name and parameter schemas \
-to invoke tool calls.
+You MUST strictly follow the above defined tool name and parameter schemas to invoke tool calls.
 """
 
 
 def render_tools(tools) -> str:
-    schemas = []
-    for i, tool in enumerate(tools):
-        if not isinstance(tool, dict) or "function" not in tool:
-            raise ValueError(f"tools[{i}] has no 'function': {tool!r}")
-        schemas.append(to_json(tool["function"]))
     return TOOLS_TEMPLATE.format(
-        dsml=dsml_token,
-        start=thinking_start_token,
-        end=thinking_end_token,
-        schemas="\n".join(schemas),
+        tool_schemas="\n".join(to_json(tool["function"]) for tool in tools),
+        dsml_token=dsml_token,
+        thinking_start_token=thinking_start_token,
+        thinking_end_token=thinking_end_token,
     )
 
 
@@ -100,8 +88,6 @@ def encode_arguments_to_dsml(tool_call: Dict[str, Any]) -> str:
             arguments = json.loads(arguments)
         except ValueError:
             arguments = {"arguments": arguments}
-    if not isinstance(arguments, dict):
-        raise ValueError(f"Tool call arguments must be a JSON object: {arguments!r}")
     parameters = []
     for name, value in arguments.items():
         string = "true" if isinstance(value, str) else "false"
@@ -116,16 +102,8 @@ def encode_arguments_to_dsml(tool_call: Dict[str, Any]) -> str:
 def render_tool_calls(tool_calls: List[Dict[str, Any]]) -> str:
     """The DSML block of OpenAI-format tool calls, with its leading blank line."""
     invokes = []
-    for i, call in enumerate(tool_calls):
-        function = call.get("function") if isinstance(call, dict) else None
-        if (
-            not isinstance(function, dict)
-            or not {"name", "arguments"} <= function.keys()
-        ):
-            raise ValueError(
-                f"tool_calls[{i}] needs a 'function' with 'name' and 'arguments': "
-                f"{call!r}"
-            )
+    for call in tool_calls:
+        function = call["function"]
         invokes.append(
             f'<{dsml_token}invoke name="{function["name"]}">\n'
             f"{encode_arguments_to_dsml(function)}\n</{dsml_token}invoke>"
@@ -143,7 +121,6 @@ def render_message(
     """``messages[index]`` of the turns ``merge_tool_messages`` gives."""
     message = messages[index]
     role = message["role"]
-    where = f"messages[{message.get('index', index)}]"
     content = message.get("content")
     thinking = thinking_mode == "thinking"
     last_user = find_last_user_index(messages)
@@ -151,14 +128,12 @@ def render_message(
     if role == "system":
         text = content or ""
     elif role == "developer":
-        if not content or not isinstance(content, str):
-            raise ValueError(f"{where}: a developer message needs text content")
+        if not content:
+            raise ValueError(f"Invalid message for role `{role}`: {message}")
         text = user_token + content
     elif role == "user":
         parts = []
         for kind, value, _ in message["parts"]:
-            if not isinstance(value, str):
-                raise ValueError(f"{where}: {kind} content must be a string")
             parts.append(
                 f"<tool_result>{value}</tool_result>" if kind == "tool" else value
             )
@@ -176,7 +151,7 @@ def render_message(
         if not message.get("wo_eos", False):
             text += eos_token
     else:
-        raise ValueError(f"{where}: unknown role {role!r}")
+        raise ValueError(f"Unknown role: {role}")
 
     if role in ("system", "developer"):
         if tools := message.get("tools"):
@@ -196,7 +171,7 @@ def render_message(
     if task is not None:
         if task not in task_tokens:
             raise ValueError(
-                f"{where}: invalid task {task!r}, expected one of {list(task_tokens)}"
+                f"Invalid task: '{task}'. Valid tasks are: {list(task_tokens)}"
             )
         if task == "action":
             text += assistant_token + think
@@ -209,12 +184,9 @@ def render_message(
 
 
 def merge_tool_messages(messages: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Runs of tool and user messages as one user turn of ``parts``; each
-    turn keeps the caller's ``index`` of its first message."""
+    """Runs of tool and user messages as one user turn of ``parts``."""
     merged = []
-    for i, message in enumerate(messages):
-        if not isinstance(message, dict):
-            raise ValueError(f"messages[{i}] must be a dict, got {message!r}")
+    for message in messages:
         role = message.get("role")
         last = merged[-1] if merged else {}
         if role == "tool":
@@ -222,17 +194,17 @@ def merge_tool_messages(messages: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
             if last.get("role") == "user":
                 last["parts"].append(part)
             else:
-                merged.append({"role": "user", "parts": [part], "index": i})
+                merged.append({"role": "user", "parts": [part]})
         elif role == "user":
             part = ("user", message.get("content", ""), None)
             if last.get("role") == "user" and last.get("task") is None:
                 last["parts"].append(part)
             else:
-                turn = {"role": "user", "parts": [part], "index": i}
+                turn = {"role": "user", "parts": [part]}
                 turn.update({k: message[k] for k in ("task", "wo_eos") if k in message})
                 merged.append(turn)
         else:
-            merged.append({**message, "role": role, "index": i})
+            merged.append({**message, "role": role})
     return merged
 
 
@@ -244,8 +216,6 @@ def sort_tool_results_by_call_order(
         if message["role"] == "assistant" and message.get("tool_calls"):
             order = {}
             for i, call in enumerate(message["tool_calls"]):
-                if not isinstance(call, dict):
-                    continue
                 call_id = call.get("id") or call.get("function", {}).get("id", "")
                 if call_id:
                     order[call_id] = i
@@ -259,21 +229,14 @@ def sort_tool_results_by_call_order(
     return messages
 
 
-# Kept before the last user turn ("direct_search_results" then raises, as in
-# DeepSeek's encoder).
-_KEPT_ROLES = (
-    "user",
-    "system",
-    "assistant",
-    "latest_reminder",
-    "direct_search_results",
-)
-
-
 def _drop_thinking_messages(messages):
     last_user = find_last_user_index(messages)
+    keep_roles = {"user", "system", "tool", "latest_reminder", "direct_search_results"}
+    # Earlier assistant turns stay too, rendered without their reasoning.
     return [
-        m for i, m in enumerate(messages) if i >= last_user or m["role"] in _KEPT_ROLES
+        m
+        for i, m in enumerate(messages)
+        if m["role"] in keep_roles or i >= last_user or m["role"] == "assistant"
     ]
 
 
