@@ -23,7 +23,10 @@ def trim_rows(cache: List[Any], counts: List[int]):
     if not any(counts):
         return
     if len(counts) == 1:
-        if trim_prompt_cache(cache, counts[0]) == counts[0]:
+        # Each cache's own trim: a sliding window takes back what its last
+        # update added though it cannot trim back to any prefix.
+        n = counts[0]
+        if all([hasattr(c, "trim") and c.trim(n) == n for c in cache]):
             return
     elif all(
         hasattr(c, "trim_rows") and all(map(int.__le__, counts, c.row_max_trim))
