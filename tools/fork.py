@@ -668,11 +668,9 @@ def sheet_block(pr, prs):
     files (lines added/removed each) and tests."""
     files, added, removed = pr_size(pr)
     deps = ", ".join(f"[{d}]({d}.md)" for d in pr.depends) or "nothing"
-    mates = [p.name for p in prs if p.track == pr.track]
     lines = [
         SHEET_BEGIN,
-        f"**{pr.title}**: {pr.track} track, PR {mates.index(pr.name) + 1} of "
-        f"{len(mates)}.",
+        f"**{pr.title}**",
         f"Depends on: {deps}. Size: {files} files, +{added} / -{removed} lines.",
         "",
         "| file | change | + | - |",
@@ -703,7 +701,7 @@ def review_verdict(pr):
     """The last verdict in the "## Review" section of a PR's sheet."""
     sheet = SHEETS / f"{pr.name}.md"
     text = sheet.read_text() if sheet.is_file() else ""
-    _, _, review = text.partition("\n## Review\n")
+    _, _, review = text.partition("\n## Review")
     found = VERDICT.findall(review)
     return found[-1] if found else "not reviewed"
 
