@@ -15,7 +15,11 @@ import mlx.nn as nn
 import mlx.optimizers as opt
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
-from mlx_lm.generate import BatchGenerator, generate_step
+from mlx_lm.generate import (
+    BatchGenerator,
+    generate_step,
+    speculative_generate_step,
+)
 from mlx_lm.utils import load_model, quantize_model, save_config, save_model
 
 from mlx_lm import load, stream_generate, tuner
@@ -29,6 +33,7 @@ from mlx_lm.chat_templates.deepseek_v4 import (
 )
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
+    TRIM_HISTORY,
     BatchWindowCompressorCache,
     make_prompt_cache,
     trim_prompt_cache,
@@ -663,6 +668,32 @@ class TestDeepseekV4(unittest.TestCase):
                     max_diff(steps(model, cache, rows), steps(model, reference, rows)),
                     1e-4,
                 )
+
+    def test_speculative_decoding_gives_the_greedy_tokens_or_raises(self):
+        model = make_tiny_model()
+        # The model with noise in its head drafts, so some drafts are rejected.
+        draft = make_tiny_model()
+        draft.lm_head.weight += 0.1 * mx.random.normal(draft.lm_head.weight.shape)
+        prompt = mx.random.randint(2, 300, (37,))
+        expected = [t for t, _ in generate_step(prompt, model, max_tokens=48)]
+
+        def speculative(num_draft_tokens):
+            return speculative_generate_step(
+                prompt, model, draft, num_draft_tokens=num_draft_tokens, max_tokens=48
+            )
+
+        for num_draft_tokens in (3, TRIM_HISTORY):
+            with self.subTest(num_draft_tokens=num_draft_tokens):
+                out = list(speculative(num_draft_tokens))
+                self.assertEqual([t for t, *_ in out], expected)
+                self.assertTrue(any(from_draft for *_, from_draft in out))
+        # More rejected drafts than the caches can take back: the tokens given
+        # before the error are the greedy ones.
+        given = []
+        with self.assertRaisesRegex(ValueError, "use fewer draft tokens"):
+            for t, *_ in speculative(40):
+                given.append(t)
+        self.assertEqual(given, expected[: len(given)])
 
     def test_tiny_folder_loads_and_generates(self):
         with tempfile.TemporaryDirectory() as tmp:

@@ -272,10 +272,6 @@ class TestDeepseekV4SpeculativeAndPromptCache(unittest.TestCase):
                 if draft is self.draft:
                     self.assertLess(drafted, len(out) - 1)
 
-    def test_speculative_decoding_past_the_history_raises(self):
-        with self.assertRaisesRegex(ValueError, "Speculative decoding .*cannot"):
-            self.generate(draft_model=self.draft, num_draft_tokens=40)
-
     def test_prompt_cache_holds_every_token_given(self):
         # As after plain decoding, the target and the draft model in step,
         # whether the last token given was a draft or the target's own.
