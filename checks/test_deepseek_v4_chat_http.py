@@ -510,6 +510,24 @@ class TestDeepseekV4ChatServer(unittest.TestCase):
         self.assertEqual(prompts, [want])
         self.assertIn("## Response Format:\n\nYou MUST strictly adhere", want)
 
+    def test_vllms_thinking_keyword_reaches_the_prompt(self):
+        # vLLM's DeepSeek-V4 clients send "thinking" in chat_template_kwargs.
+        ask = [{"role": "user", "content": "Hi"}]
+        prompts, patch = self.record_prompts()
+        with patch:
+            for thinking in (False, True):
+                kwargs = {"thinking": thinking}
+                body = {"messages": ask, "max_tokens": 2}
+                status, answer = self.status_of(
+                    {**body, "chat_template_kwargs": kwargs}
+                )
+                self.assertEqual(status, 200, answer)
+        want = [
+            apply_chat_template(ask, add_generation_prompt=True, enable_thinking=t)
+            for t in (False, True)
+        ]
+        self.assertEqual(prompts, want)
+
     def test_what_the_template_rejects_is_a_400_naming_the_field(self):
         ask = [{"role": "user", "content": "Hi"}]
         bad = [

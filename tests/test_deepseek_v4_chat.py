@@ -35,7 +35,6 @@ TIME = {
     },
 }
 TOOLS = [WEATHER, TIME]
-DSML = "｜DSML｜"
 
 
 def call(id, name, args):
@@ -157,16 +156,12 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
                 self.assertEqual(out, EXPECTED[name])
 
     def test_arguments_as_json_text_or_decoded_render_the_same(self):
-        decoded = {"city": "Paris", "days": 2}
-        for a in (decoded, json.dumps(decoded)):
-            calls = [{"function": {"name": "f", "arguments": a}}]
-            self.assertEqual(
-                render_tool_calls(calls),
-                f'\n\n<{DSML}tool_calls>\n<{DSML}invoke name="f">\n'
-                f'<{DSML}parameter name="city" string="true">Paris</{DSML}parameter>\n'
-                f'<{DSML}parameter name="days" string="false">2</{DSML}parameter>\n'
-                f"</{DSML}invoke>\n</{DSML}tool_calls>",
-            )
+        # OpenAI clients send JSON text, mlx_lm.server decodes it.
+        arguments = {**ARGS, "q": "42"}
+        as_text = call("c", "f", json.dumps(arguments))
+        messages = [HI, assistant("Ok.", tool_calls=[as_text]), tool("done")]
+        out = apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True)
+        self.assertEqual(out, EXPECTED["arguments of every JSON type"])
 
     def test_rendered_tool_calls_parse_back(self):
         arguments = {"a": "x\ny", "b": [1, 2], "c": {"d": False}, "e": 3.5, "f": "7"}
@@ -208,8 +203,23 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
             apply_chat_template(
                 [hi], add_generation_prompt=True, continue_final_message=True
             )
-        with self.assertRaisesRegex(TypeError, "'deep'"):
-            apply_chat_template([hi], deep=True)
+
+    def test_thinking_is_another_name_for_enable_thinking(self):
+        # vLLM's clients send "thinking" in chat_template_kwargs; mlx_lm's
+        # tokenizer adds enable_thinking to every call.
+        on = EXPECTED["one user turn, thinking"]
+        off = EXPECTED["one user turn, chat"]
+        for kwargs, want in [
+            ({"thinking": True}, on),
+            ({"thinking": False}, off),
+            ({"thinking": False, "enable_thinking": True}, off),
+            ({"thinking": True, "enable_thinking": False}, on),
+            ({"thinking": False, "thinking_mode": "thinking"}, on),
+            ({"thinking": True, "thinking_mode": "chat"}, off),
+        ]:
+            with self.subTest(**kwargs):
+                out = apply_chat_template([HI], add_generation_prompt=True, **kwargs)
+                self.assertEqual(out, want)
 
     def test_thinking_drops_developer_messages_before_the_last_user_turn(self):
         messages = [

@@ -11,6 +11,7 @@ dsml = "｜DSML｜"
 tool_call_start = f"\n\n<{dsml}tool_calls>"
 tool_call_end = ""
 
+# The server strips the start marker; this is for direct callers.
 _start = re.compile(rf"\s*<{dsml}tool_calls>")
 
 
@@ -22,8 +23,8 @@ def _read_until_stop(index, text, stop):
     return p + len(matched), text[index:p], matched
 
 
-def _value(raw, string):
-    if string == "true":
+def _value(raw, is_string):
+    if is_string == "true":
         return raw
     try:
         return json.loads(raw)
