@@ -242,6 +242,31 @@ def _write_patch(path, rel, old, new, context):
     path.write_text(make_patch(rel, old, new, context))
 
 
+def patch_counts(pr, patch):
+    """Lines added and removed by one patch of ``pr``, as ``git diff`` counts
+    them on the exported PR (difflib's patch may count a moved line twice)."""
+    rel = target_of(patch)
+    prs = series()
+    deps = [p for p in closure(prs, [pr.name]) if p.name != pr.name]
+    base = _apply_all(assemble.base_text(rel), rel, deps)
+    new = _apply_all(base, rel, [p for p in prs if p.name == pr.name])
+    with tempfile.TemporaryDirectory() as tmp:
+        a, b = Path(tmp) / "a", Path(tmp) / "b"
+        a.write_text(base)
+        b.write_text(new)
+        out = subprocess.run(
+            ["git", "diff", "--no-index", "--numstat", str(a), str(b)],
+            capture_output=True,
+            text=True,
+        ).stdout.split()
+    if len(out) >= 2 and out[0].isdigit():
+        return int(out[0]), int(out[1])
+    text = patch.read_text().splitlines()
+    plus = sum(1 for x in text if x.startswith("+") and not x.startswith("+++"))
+    minus = sum(1 for x in text if x.startswith("-") and not x.startswith("---"))
+    return plus, minus
+
+
 def pr_size(pr):
     """Files, lines added and removed of one PR (its patches and new files)."""
     files, added, removed = len(pr.files), 0, 0
@@ -249,11 +274,9 @@ def pr_size(pr):
         added += len((ROOT / f).read_text().splitlines())
     for patch in pr.patches():
         files += 1
-        for line in patch.read_text().splitlines():
-            if line.startswith("+") and not line.startswith("+++"):
-                added += 1
-            elif line.startswith("-") and not line.startswith("---"):
-                removed += 1
+        plus, minus = patch_counts(pr, patch)
+        added += plus
+        removed += minus
     return files, added, removed
 
 
@@ -680,10 +703,8 @@ def sheet_block(pr, prs):
         n = len((ROOT / f).read_text().splitlines())
         lines.append(f"| `{f}` | new | {n} | 0 |")
     for patch in pr.patches():
-        text = patch.read_text().splitlines()
-        plus = sum(1 for x in text if x.startswith("+") and not x.startswith("+++"))
-        minus = sum(1 for x in text if x.startswith("-") and not x.startswith("---"))
-        hunks = sum(1 for x in text if x.startswith("@@"))
+        hunks = sum(1 for x in patch.read_text().splitlines() if x.startswith("@@"))
+        plus, minus = patch_counts(pr, patch)
         lines.append(f"| `{target_of(patch)}` | {hunks} hunks | {plus} | {minus} |")
     tests = [t for t in pr.tests if not t.startswith("-")]
     lines += ["", "Tests: `python -m pytest " + " ".join(tests) + "`"]
