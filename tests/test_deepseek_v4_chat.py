@@ -176,12 +176,6 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
             ("thinking_mode", [hi], {"thinking_mode": "deep"}),
             ("role `developer`", [{"role": "developer", "content": ""}], {}),
             ("Unknown role: bot", [hi, {"role": "bot", "content": "x"}], {}),
-            # Kept before the last user turn, as DeepSeek's encoder keeps it.
-            (
-                "Unknown role: direct_search_results",
-                [msg("direct_search_results", "x"), hi],
-                {},
-            ),
             ("Invalid task: 'bogus'", [user("x", task="bogus")], {}),
             (
                 "tools are given both as an argument and in messages",

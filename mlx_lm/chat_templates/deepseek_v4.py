@@ -116,7 +116,7 @@ def render_message(
     index: int,
     messages: List[Dict[str, Any]],
     thinking_mode: str,
-    drop_thinking: bool = True,
+    drop_thinking: bool,
 ) -> str:
     """``messages[index]`` of the turns ``merge_tool_messages`` gives."""
     message = messages[index]
@@ -230,17 +230,10 @@ def sort_tool_results_by_call_order(
 
 
 def _drop_thinking_messages(messages):
+    """The messages without the developer turns before the last user turn."""
     last_user = find_last_user_index(messages)
-    keep_roles = {
-        "user",
-        "system",
-        "tool",
-        "latest_reminder",
-        "direct_search_results",
-        "assistant",
-    }
     return [
-        m for i, m in enumerate(messages) if m["role"] in keep_roles or i >= last_user
+        m for i, m in enumerate(messages) if m["role"] != "developer" or i >= last_user
     ]
 
 
