@@ -442,9 +442,9 @@ def assert_load_names_every_key(test, path, keys):
         test.assertEqual(message.count("\n  "), len(keys))
 
 
-# Recorded from transformers' DeepseekV4ForCausalLM (CPU torch, float32) on
-# the weights of seeded_model() and the tokens of seeded_tokens(); see
-# checks/test_deepseek_v4_parity.py, which recomputes them with torch.
+# Recorded from transformers' DeepseekV4ForCausalLM (transformers 5.25.0, CPU
+# torch, float32) on the weights of seeded_model() and the tokens of
+# seeded_tokens().
 # (Seed 0 puts a top-k pick on a near tie that float rounding decides.)
 RECORDED_SEED = 1
 RECORDED_POSITIONS = (0, 31, 32, 100, 200, 319)
