@@ -198,23 +198,6 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
                 [hi], add_generation_prompt=True, continue_final_message=True
             )
 
-    def test_thinking_is_another_name_for_enable_thinking(self):
-        # vLLM's clients send "thinking" in chat_template_kwargs; mlx_lm's
-        # tokenizer adds enable_thinking to every call.
-        on = EXPECTED["one user turn, thinking"]
-        off = EXPECTED["one user turn, chat"]
-        for kwargs, want in [
-            ({"thinking": True}, on),
-            ({"thinking": False}, off),
-            ({"thinking": False, "enable_thinking": True}, off),
-            ({"thinking": True, "enable_thinking": False}, on),
-            ({"thinking": False, "thinking_mode": "thinking"}, on),
-            ({"thinking": True, "thinking_mode": "chat"}, off),
-        ]:
-            with self.subTest(**kwargs):
-                out = apply_chat_template([HI], add_generation_prompt=True, **kwargs)
-                self.assertEqual(out, want)
-
     def test_thinking_drops_developer_messages_before_the_last_user_turn(self):
         messages = [
             msg("developer", "Answer in French."),

@@ -11,7 +11,7 @@ from mlx_lm.generate import TextStateMachine, make_text_state_machine
 from mlx_lm.server import CompletionRequest, ResponseGenerator, ToolCallFormatter
 from mlx_lm.tokenizer_utils import TokenizerWrapper
 from mlx_lm.utils import load_tokenizer
-from test_deepseek_v4_chat import ASK, CALLS, TOOLS, TOOLS_BLOCK, tool
+from test_deepseek_v4_chat import ASK, CALLS, EXPECTED, HI, TOOLS, TOOLS_BLOCK, tool
 
 from mlx_lm.chat_templates.deepseek_v4 import (
     apply_chat_template,
@@ -131,6 +131,23 @@ class TestDeepseekV4ChatServer(unittest.TestCase):
             with self.subTest(field):
                 with self.assertRaisesRegex(ValueError, field):
                     apply_chat_template(messages, **kwargs)
+
+    def test_thinking_is_another_name_for_enable_thinking(self):
+        # vLLM's clients send "thinking" in chat_template_kwargs; mlx_lm's
+        # tokenizer adds enable_thinking to every call.
+        on = EXPECTED["one user turn, thinking"]
+        off = EXPECTED["one user turn, chat"]
+        for kwargs, want in [
+            ({"thinking": True}, on),
+            ({"thinking": False}, off),
+            ({"thinking": False, "enable_thinking": True}, off),
+            ({"thinking": True, "enable_thinking": False}, on),
+            ({"thinking": False, "thinking_mode": "thinking"}, on),
+            ({"thinking": True, "thinking_mode": "chat"}, off),
+        ]:
+            with self.subTest(**kwargs):
+                out = apply_chat_template([HI], add_generation_prompt=True, **kwargs)
+                self.assertEqual(out, want)
 
     def test_tool_results_in_parts_render_as_deepseeks_encoder(self):
         parts = tool([{"type": "text", "text": t} for t in ("Sunny", "22 C")], "call_1")

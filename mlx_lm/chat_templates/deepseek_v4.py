@@ -283,24 +283,20 @@ def apply_chat_template(
     add_generation_prompt: bool = False,
     continue_final_message: bool = False,
     enable_thinking: bool = True,
-    thinking: Optional[bool] = None,
     reasoning_effort: Optional[str] = None,
     return_dict: bool = False,
     **kwargs,
 ) -> str:
-    """``encode_messages`` with mlx-lm's keywords. Thinking is DeepSeek's
-    ``thinking_mode`` where given, else ``thinking`` (vLLM's name for it), else
-    ``enable_thinking``, which mlx-lm's tokenizer always passes."""
+    """``encode_messages`` with mlx-lm's keywords; ``enable_thinking`` is
+    DeepSeek's ``thinking_mode``, which wins where given."""
     if continue_final_message and add_generation_prompt:
         raise ValueError(
             "Only one of continue_final_message or add_generation_prompt can be True"
         )
     if return_dict:
         raise ValueError("return_dict=True is not supported: the template gives text")
-    if thinking is None:
-        thinking = enable_thinking
     if kwargs.get("thinking_mode") is None:
-        kwargs["thinking_mode"] = "thinking" if thinking else "chat"
+        kwargs["thinking_mode"] = "thinking" if enable_thinking else "chat"
     if continue_final_message:
         # A final user turn stays open (as mlx_lm.cache_prompt asks).
         role = messages[-1].get("role") if messages else None

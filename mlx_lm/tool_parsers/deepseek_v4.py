@@ -51,16 +51,14 @@ def _parse_block(text):
                 raise ValueError(f"Text after the tool calls: {text[index:]!r}")
             return calls
         index, head, stop = _read_until_stop(index, text, [param, invoke_end])
-        # An invoke without parameters has a blank line before its closing tag.
-        blank = "" if stop == param else "\n"
-        name = re.fullmatch(rf'\s*name="(.*?)">\n{blank}', head, flags=re.DOTALL)
+        name = re.fullmatch(r'\s*name="(.*?)">\n\n?', head, flags=re.DOTALL)
         if name is None:
             raise ValueError(f"Tool name format error: {head!r}")
         arguments = {}
         while stop == param:
             index, body, _ = _read_until_stop(index, text, [f"/{dsml}parameter"])
             m = re.fullmatch(
-                r' name="(.*?)" string="(true|false)">(.*?)<', body, flags=re.DOTALL
+                r' name="(.*?)" string="(true|false)">(.*?)<\n?', body, flags=re.DOTALL
             )
             if m is None:
                 raise ValueError(f"Parameter format error: {body!r}")
