@@ -9,7 +9,7 @@ from mlx_lm.chat_templates.deepseek_v4 import (
     render_tool_calls,
     user_token,
 )
-from mlx_lm.tool_parsers.deepseek_v4 import parse_tool_call
+from mlx_lm.tool_parsers.deepseek_v4 import parse_tool_call, tool_call_start
 
 # Conversations, as mlx_lm.server hands them to the encoder (tool call
 # arguments decoded, but for one not JSON), each with the options of the call.
@@ -167,6 +167,8 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
         arguments = {"a": "x\ny", "b": [1, 2], "c": {"d": False}, "e": 3.5, "f": "7"}
         calls = [{"name": "f", "arguments": arguments}, {"name": "g", "arguments": {}}]
         text = render_tool_calls([{"function": c} for c in calls])
+        # The server strips the start marker before it parses.
+        text = text.removeprefix(tool_call_start)
         self.assertEqual(parse_tool_call(text, None), calls)
 
     def test_what_deepseeks_encoder_asserts_raises_a_value_error(self):

@@ -38,10 +38,6 @@ REASONING_EFFORT_MAX = (
     "ensure absolutely no assumption is left unchecked.\n\n"
 )
 
-# The prompt each effort puts after the BOS in thinking mode.
-REASONING_EFFORT_PROMPTS = {"high": "", "max": REASONING_EFFORT_MAX}
-DEFAULT_REASONING_EFFORT = "high"
-
 TOOLS_TEMPLATE = """## Tools
 
 You have access to a set of tools to help answer the user's question. You can invoke tools by writing a "<{dsml_token}tool_calls>" block like the following:
@@ -133,10 +129,11 @@ def render_message(
         text = user_token + content
     elif role == "user":
         parts = []
-        for kind, value, _ in message["parts"]:
-            parts.append(
-                f"<tool_result>{value}</tool_result>" if kind == "tool" else value
-            )
+        for part in message["parts"]:
+            if part["type"] == "tool_result":
+                parts.append(f"<tool_result>{part['content']}</tool_result>")
+            else:
+                parts.append(part["text"])
         text = user_token + "\n\n".join(parts)
     elif role == "latest_reminder":
         text = f"{latest_reminder_token}{content}"
@@ -190,13 +187,17 @@ def merge_tool_messages(messages: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
         role = message.get("role")
         last = merged[-1] if merged else {}
         if role == "tool":
-            part = ("tool", message.get("content", ""), message.get("tool_call_id", ""))
+            part = {
+                "type": "tool_result",
+                "tool_use_id": message.get("tool_call_id", ""),
+                "content": message.get("content", ""),
+            }
             if last.get("role") == "user":
                 last["parts"].append(part)
             else:
                 merged.append({"role": "user", "parts": [part]})
         elif role == "user":
-            part = ("user", message.get("content", ""), None)
+            part = {"type": "text", "text": message.get("content", "")}
             if last.get("role") == "user" and last.get("task") is None:
                 last["parts"].append(part)
             else:
@@ -220,11 +221,13 @@ def sort_tool_results_by_call_order(
                 if call_id:
                     order[call_id] = i
         elif message["role"] == "user":
-            results = [p for p in message["parts"] if p[0] == "tool"]
+            parts = message["parts"]
+            results = [p for p in parts if p["type"] == "tool_result"]
             if len(results) > 1 and order:
-                results = iter(sorted(results, key=lambda p: order.get(p[2], 0)))
+                results = sorted(results, key=lambda p: order.get(p["tool_use_id"], 0))
+                results = iter(results)
                 message["parts"] = [
-                    next(results) if p[0] == "tool" else p for p in message["parts"]
+                    next(results) if p["type"] == "tool_result" else p for p in parts
                 ]
     return messages
 
@@ -250,11 +253,10 @@ def encode_messages(
         raise ValueError(
             f"Invalid thinking_mode {thinking_mode!r}, expected 'chat' or 'thinking'"
         )
-    reasoning_effort = reasoning_effort or DEFAULT_REASONING_EFFORT
-    if reasoning_effort not in REASONING_EFFORT_PROMPTS:
+    if reasoning_effort not in (None, "high", "max"):
         raise ValueError(
-            f"Invalid reasoning_effort {reasoning_effort!r}, expected one of "
-            f"{list(REASONING_EFFORT_PROMPTS)}"
+            f"Invalid reasoning_effort {reasoning_effort!r}, "
+            "expected None, 'high' or 'max'"
         )
 
     messages = sort_tool_results_by_call_order(merge_tool_messages(messages))
@@ -270,8 +272,8 @@ def encode_messages(
         messages = _drop_thinking_messages(messages)
 
     prompt = bos_token
-    if messages and thinking_mode == "thinking":
-        prompt += REASONING_EFFORT_PROMPTS[reasoning_effort]
+    if messages and thinking_mode == "thinking" and reasoning_effort == "max":
+        prompt += REASONING_EFFORT_MAX
     for index in range(len(messages)):
         prompt += render_message(index, messages, thinking_mode, drop_thinking)
     return prompt
@@ -315,8 +317,8 @@ def apply_chat_template(
     # mlx-lm's cut, as deepseek_v32's: without a generation prompt a final user
     # turn ends at its text (DeepSeek's encoder always opens the reply).
     role = messages[-1].get("role") if messages else None
-    reply = [assistant_token + t for t in (thinking_start_token, thinking_end_token)]
     if not add_generation_prompt and role in ("user", "tool", "developer"):
-        if prompt.endswith(tuple(reply)):
-            prompt = prompt[: prompt.rindex(assistant_token)]
+        thinking = kwargs["thinking_mode"] == "thinking"
+        think = thinking_start_token if thinking else thinking_end_token
+        prompt = prompt.removesuffix(assistant_token + think)
     return prompt

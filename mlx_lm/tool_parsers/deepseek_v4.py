@@ -11,9 +11,6 @@ dsml = "｜DSML｜"
 tool_call_start = f"\n\n<{dsml}tool_calls>"
 tool_call_end = ""
 
-# The server strips the start marker; this is for direct callers.
-_start = re.compile(rf"\s*<{dsml}tool_calls>")
-
 
 def _read_until_stop(index, text, stop):
     found = [(p, s) for s in stop if (p := text.find(s, index)) >= 0]
@@ -77,8 +74,6 @@ def _parse_block(text):
 def parse_tool_call(
     text: str, tools: Optional[Any] = None
 ) -> dict[str, Any] | list[dict[str, Any]]:
-    if m := _start.match(text):
-        text = text[m.end() :]
     calls = _parse_block(text)
     if not calls:
         raise ValueError("No tool call found.")
