@@ -14,6 +14,7 @@ from .deepseek_v32 import (
     thinking_end_token,
     thinking_start_token,
     to_json,
+    tools_from_openai_format,
 )
 
 user_token = "<｜User｜>"
@@ -68,7 +69,7 @@ You MUST strictly follow the above defined tool name and parameter schemas to in
 
 def render_tools(tools) -> str:
     return TOOLS_TEMPLATE.format(
-        tool_schemas="\n".join(to_json(tool["function"]) for tool in tools),
+        tool_schemas="\n".join(map(to_json, tools_from_openai_format(tools))),
         dsml_token=dsml_token,
         thinking_start_token=thinking_start_token,
         thinking_end_token=thinking_end_token,
@@ -232,7 +233,7 @@ def sort_tool_results_by_call_order(
     return messages
 
 
-def _drop_thinking_messages(messages):
+def _drop_developer_messages(messages):
     """The messages without the developer turns before the last user turn."""
     last_user = find_last_user_index(messages)
     return [
@@ -269,7 +270,7 @@ def encode_messages(
     if any(m.get("tools") for m in messages):
         drop_thinking = False
     if thinking_mode == "thinking" and drop_thinking:
-        messages = _drop_thinking_messages(messages)
+        messages = _drop_developer_messages(messages)
 
     prompt = bos_token
     if messages and thinking_mode == "thinking" and reasoning_effort == "max":
