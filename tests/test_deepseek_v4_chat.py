@@ -163,7 +163,7 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
         out = apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True)
         self.assertEqual(out, EXPECTED["arguments of every JSON type"])
 
-    def test_tools_given_as_functions_render_as_in_deepseek_v32(self):
+    def test_tools_given_as_functions_render_as_their_schemas(self):
         def get_weather(city: str, days: int):
             """
             The weather in a city.
@@ -173,16 +173,22 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
                 days: How many days.
             """
 
-        # deepseek_v32 writes a function's whole get_json_schema.
-        schema = (
-            '{"type": "function", "function": {"name": "get_weather", '
-            '"description": "The weather in a city.", "parameters": {"type": '
-            '"object", "properties": {"city": {"type": "string", "description": '
-            '"The city."}, "days": {"type": "integer", "description": "How many '
-            'days."}}, "required": ["city", "days"]}}}'
-        )
-        out = apply_chat_template([HI], tools=[get_weather])
-        self.assertIn(f"### Available Tool Schemas\n\n{schema}\n\nYou MUST", out)
+        schema = {
+            "name": "get_weather",
+            "description": "The weather in a city.",
+            "parameters": {
+                "type": "object",
+                "properties": {
+                    "city": {"type": "string", "description": "The city."},
+                    "days": {"type": "integer", "description": "How many days."},
+                },
+                "required": ["city", "days"],
+            },
+        }
+        as_function = apply_chat_template([HI], tools=[get_weather])
+        as_dict = apply_chat_template([HI], tools=[{"function": schema}])
+        self.assertEqual(as_function, as_dict)
+        self.assertIn('\n\n{"name": "get_weather", ', as_function)
 
     def test_rendered_tool_calls_parse_back(self):
         arguments = {"a": "x\ny", "b": [1, 2], "c": {"d": False}, "e": 3.5, "f": "7"}
