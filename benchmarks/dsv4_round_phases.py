@@ -2,7 +2,7 @@
 """Where a speculative round's time goes, against a plain step.
 
 ``speculative_generate_step(mtp=True)`` (MTP at ``--mtp-k`` drafts; with
-``--dspark`` also DSpark at a block of ``--dspark-block``) and
+``--dspark`` also DSpark at the last of ``--dspark-blocks``) and
 ``generate_step`` on the same random weights as benchmarks/dsv4_verify.py
 (nothing accepted: a round gives one token), alternated in one process.
 Each round's (or step's) wall time is split into the host's work building
@@ -100,13 +100,7 @@ def split(model, drafter_class, steps, tokens):
 
 
 def main():
-    parser_args = sys.argv[1:]
-    extra = {"--dspark-block": "5"}
-    if "--dspark-block" in parser_args:
-        i = parser_args.index("--dspark-block")
-        extra["--dspark-block"] = parser_args[i + 1]
-        del parser_args[i : i + 2]
-    args = dsv4_verify.parse_args(parser_args)
+    args = dsv4_verify.parse_args()
     from mlx_lm.generate import generate_step, speculative_generate_step
 
     from mlx_lm.models.deepseek_v4_dspark import DSparkDrafter
@@ -122,7 +116,7 @@ def main():
     variants[f"MTP round, k={k}"] = (model, MTPDrafter, k)
     if args.dspark:
         _, dmodel = dsv4_verify.build_dspark(args, config, model)
-        b = int(extra["--dspark-block"])
+        b = dsv4_verify.ints(args.dspark_blocks)[-1]
         variants[f"DSpark round, block {b}"] = (dmodel, DSparkDrafter, b)
 
     def steps_of(target, k):
