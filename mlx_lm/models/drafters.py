@@ -26,8 +26,13 @@ def trim_rows(cache: List[Any], counts: List[int]):
         # Each cache's own trim: a sliding window takes back what its last
         # update added though it cannot trim back to any prefix.
         n = counts[0]
-        if all([hasattr(c, "trim") and c.trim(n) == n for c in cache]):
+        trimmed = [c.trim(n) if hasattr(c, "trim") else 0 for c in cache]
+        if min(trimmed, default=n) == n:
             return
+        raise ValueError(
+            f"The prompt cache took back {min(trimmed)} of the {n} rejected "
+            "draft tokens: use fewer draft tokens."
+        )
     elif all(
         hasattr(c, "trim_rows") and all(map(int.__le__, counts, c.row_max_trim))
         for c in cache
@@ -36,8 +41,8 @@ def trim_rows(cache: List[Any], counts: List[int]):
             c.trim_rows(counts)
         return
     raise ValueError(
-        f"Speculative decoding needs to trim {max(counts)} tokens but the "
-        "prompt cache cannot: use fewer draft tokens."
+        f"The prompt cache cannot take back {max(counts)} rejected draft "
+        "tokens: use fewer draft tokens."
     )
 
 
