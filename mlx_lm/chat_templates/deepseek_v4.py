@@ -67,16 +67,9 @@ You MUST strictly follow the above defined tool name and parameter schemas to in
 """
 
 
-def _schema(tool):
-    # A function's get_json_schema keeps the {"type", "function"} wrapper.
-    return tool.get("function", tool)
-
-
 def render_tools(tools) -> str:
     return TOOLS_TEMPLATE.format(
-        tool_schemas="\n".join(
-            map(to_json, map(_schema, tools_from_openai_format(tools)))
-        ),
+        tool_schemas="\n".join(map(to_json, tools_from_openai_format(tools))),
         dsml_token=dsml_token,
         thinking_start_token=thinking_start_token,
         thinking_end_token=thinking_end_token,
