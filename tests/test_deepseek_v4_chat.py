@@ -198,7 +198,7 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
         text = text.removeprefix(tool_call_start)
         self.assertEqual(parse_tool_call(text, None), calls)
 
-    def test_what_deepseeks_encoder_asserts_raises_a_value_error(self):
+    def test_invalid_input_raises_a_value_error(self):
         hi = {"role": "user", "content": "Hi"}
         bad = [
             ("reasoning_effort", [hi], {"reasoning_effort": "lowest"}),

@@ -291,7 +291,8 @@ def apply_chat_template(
     **kwargs,
 ) -> str:
     """``encode_messages`` with mlx-lm's keywords; ``enable_thinking`` is
-    DeepSeek's ``thinking_mode``, which wins where given."""
+    DeepSeek's ``thinking_mode``, which wins where given (mlx-lm's tokenizer
+    always passes ``enable_thinking``)."""
     if continue_final_message and add_generation_prompt:
         raise ValueError(
             "Only one of continue_final_message or add_generation_prompt can be True"
