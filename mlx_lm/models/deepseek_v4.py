@@ -19,6 +19,7 @@ from .deepseek_v41 import (
     expand,
     mix_logits,
     mixes,
+    repack_quantized,
 )
 from .pipeline import PipelineMixin
 from .rope_utils import YarnRoPE
@@ -808,18 +809,9 @@ class DeepseekV4Model(PipelineMixin, nn.Module):
         return mx.depends(out, _cache_arrays(cache))
 
 
-def _ue8m0(scale: mx.array) -> mx.array:
-    if scale.dtype == mx.uint8:
-        return scale
-    exponent = mx.log2(scale.astype(mx.float32))
-    if not mx.array_equal(exponent, mx.round(exponent)):
-        raise ValueError("its scales are not powers of two")
-    return (exponent + 127).astype(mx.uint8)
-
-
 def _repack(weight: mx.array, scale: mx.array, block=(32, 32)) -> tuple:
-    # fp8: a scale a block, repeated to one a row and 32 columns; fp4 (two
-    # e2m1 a byte, low nibble first) has one a row and 32 columns.
+    # V4.1's repacking, once the scales are checked: fp8 has a scale a block;
+    # fp4 (two e2m1 a byte, low nibble first) one a row and 32 columns.
     *lead, rows, cols = weight.shape
     if weight.dtype == mx.int8:
         cols, block = 2 * cols, (1, 32)
@@ -833,9 +825,11 @@ def _repack(weight: mx.array, scale: mx.array, block=(32, 32)) -> tuple:
         raise ValueError(
             f"its {cols} columns or {block[1]}-column blocks are not a multiple of 32"
         )
-    scale = mx.repeat(_ue8m0(scale), block[0], axis=-2)[..., :rows, :]
-    scale = mx.repeat(scale, block[1] // 32, axis=-1)[..., : cols // 32]
-    return weight.view(mx.uint32), scale
+    if scale.dtype != mx.uint8:
+        exponent = mx.log2(scale.astype(mx.float32))
+        if not mx.array_equal(exponent, mx.round(exponent)):
+            raise ValueError("its scales are not powers of two")
+    return repack_quantized(weight, scale, block)
 
 
 # Checkpoint names (DeepSeek's, transformers', early MLX uploads) to this model's.
