@@ -20,15 +20,6 @@ def _read_until_stop(index, text, stop):
     return p + len(matched), text[index:p], matched
 
 
-def _value(raw, is_string):
-    if is_string == "true":
-        return raw
-    try:
-        return json.loads(raw)
-    except ValueError:
-        return raw
-
-
 def _parse_block(text):
     """The calls of the block after its start tag; a block DeepSeek's
     parser rejects raises a ValueError that names the fault."""
@@ -62,7 +53,10 @@ def _parse_block(text):
                 raise ValueError(f"Parameter format error: {body!r}")
             if m[1] in arguments:
                 raise ValueError(f"Duplicate parameter name: {m[1]!r}")
-            arguments[m[1]] = _value(m[3], m[2])
+            try:
+                arguments[m[1]] = m[3] if m[2] == "true" else json.loads(m[3])
+            except ValueError:
+                raise ValueError(f"Parameter {m[1]!r} is not JSON: {m[3]!r}") from None
             index, gap, stop = _read_until_stop(index, text, [param, invoke_end])
             if gap != ">\n":
                 raise ValueError(
