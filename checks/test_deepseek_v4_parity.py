@@ -25,7 +25,7 @@ from dsv4_fixtures import (
 from mlx.utils import tree_flatten
 from mlx_lm.utils import load_model
 
-from mlx_lm.models import deepseek_v4
+from mlx_lm.models import deepseek_v41
 from mlx_lm.models.cache import (
     TRIM_HISTORY,
 )
@@ -99,8 +99,8 @@ class TestScaleLayout(unittest.TestCase):
         weight = mx.random.randint(0, 120, (200, 320)).astype(mx.uint8)
         exponents = mx.random.randint(120, 130, (2, 3)).astype(mx.uint8)
         scales = mx.power(2.0, exponents.astype(mx.float32) - 127)
-        packed, expected = deepseek_v4._repack(weight, exponents, (128, 128))
-        _, got = deepseek_v4._repack(weight, scales, (128, 128))
+        packed, expected = deepseek_v41.repack_quantized(weight, exponents, (128, 128))
+        _, got = deepseek_v41.repack_quantized(weight, scales, (128, 128))
         self.assertTrue(mx.array_equal(got, expected))
         self.assertEqual(packed.shape, (200, 80))
         # One scale per row and 32 columns, from the block that holds them.
@@ -109,12 +109,14 @@ class TestScaleLayout(unittest.TestCase):
         self.assertEqual(expected[127, 9].item(), exponents[0, 2].item())
 
         with self.assertRaisesRegex(ValueError, "powers of two"):
-            deepseek_v4._repack(weight, scales * 1.5, (128, 128))
+            deepseek_v41.repack_quantized(weight, scales * 1.5, (128, 128))
         with self.assertRaisesRegex(ValueError, r"\(2, 2\)"):
-            deepseek_v4._repack(weight, exponents[:, :2], (128, 128))
+            deepseek_v41.repack_quantized(weight, exponents[:, :2], (128, 128))
         # Blocks must hold whole groups of 32 columns.
         with self.assertRaisesRegex(ValueError, "48-column blocks"):
-            deepseek_v4._repack(weight, mx.full((2, 7), 127, mx.uint8), (128, 48))
+            deepseek_v41.repack_quantized(
+                weight, mx.full((2, 7), 127, mx.uint8), (128, 48)
+            )
 
 
 class TestTransformersLayout(unittest.TestCase):

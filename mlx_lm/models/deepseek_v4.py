@@ -809,29 +809,6 @@ class DeepseekV4Model(PipelineMixin, nn.Module):
         return mx.depends(out, _cache_arrays(cache))
 
 
-def _repack(weight: mx.array, scale: mx.array, block=(32, 32)) -> tuple:
-    # V4.1's repacking, once the scales are checked: fp8 has a scale a block;
-    # fp4 (two e2m1 a byte, low nibble first) one a row and 32 columns.
-    *lead, rows, cols = weight.shape
-    if weight.dtype == mx.int8:
-        cols, block = 2 * cols, (1, 32)
-    grid = (*lead, -(-rows // block[0]), -(-cols // block[1]))
-    if tuple(scale.shape) != grid:
-        raise ValueError(
-            f"its scale has shape {tuple(scale.shape)}, not {grid} for "
-            f"{block[0]}x{block[1]} blocks of a {tuple(weight.shape)} weight"
-        )
-    if cols % 32 or block[1] % 32:
-        raise ValueError(
-            f"its {cols} columns or {block[1]}-column blocks are not a multiple of 32"
-        )
-    if scale.dtype != mx.uint8:
-        exponent = mx.log2(scale.astype(mx.float32))
-        if not mx.array_equal(exponent, mx.round(exponent)):
-            raise ValueError("its scales are not powers of two")
-    return repack_quantized(weight, scale, block)
-
-
 # Checkpoint names (DeepSeek's, transformers', early MLX uploads) to this model's.
 _RENAMES = tuple(
     (re.compile(old), new)
@@ -956,7 +933,9 @@ class Model(HashTablesFrozen, nn.Module):
                 continue
             try:
                 scale = out.pop(f"{prefix}.scale")
-                out[name], out[f"{prefix}.scales"] = _repack(out[name], scale, block)
+                out[name], out[f"{prefix}.scales"] = repack_quantized(
+                    out[name], scale, block
+                )
             except ValueError as e:
                 problems[name] = str(e)
         if problems:
