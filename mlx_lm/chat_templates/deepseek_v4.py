@@ -77,8 +77,9 @@ def render_tools(tools) -> str:
 
 
 def encode_arguments_to_dsml(tool_call: Dict[str, Any]) -> str:
-    """The DSML parameters of a call's arguments: JSON text (OpenAI) or
-    decoded (mlx_lm.server); other text as one ``arguments`` string."""
+    """Render a call's arguments as DSML parameters. They come as JSON text
+    (OpenAI clients) or decoded (mlx_lm.server); other text becomes one
+    ``arguments`` parameter."""
     arguments = tool_call["arguments"]
     if isinstance(arguments, str):
         try:
@@ -97,7 +98,7 @@ def encode_arguments_to_dsml(tool_call: Dict[str, Any]) -> str:
 
 
 def render_tool_calls(tool_calls: List[Dict[str, Any]]) -> str:
-    """The DSML block of OpenAI-format tool calls, with its leading blank line."""
+    """Render OpenAI-format tool calls as a DSML block after a blank line."""
     invokes = []
     for call in tool_calls:
         function = call["function"]
@@ -115,7 +116,7 @@ def render_message(
     thinking_mode: str,
     drop_thinking: bool,
 ) -> str:
-    """``messages[index]`` of the turns ``merge_tool_messages`` gives."""
+    """Render ``messages[index]``; the messages come from ``merge_tool_messages``."""
     message = messages[index]
     role = message["role"]
     content = message.get("content")
@@ -182,7 +183,7 @@ def render_message(
 
 
 def merge_tool_messages(messages: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """Runs of tool and user messages as one user turn of ``parts``."""
+    """Merge each run of tool and user messages into one user turn."""
     merged = []
     for message in messages:
         role = message.get("role")
@@ -234,7 +235,7 @@ def sort_tool_results_by_call_order(
 
 
 def _drop_developer_messages(messages):
-    """The messages without the developer turns before the last user turn."""
+    """Drop the developer messages before the last user message."""
     last_user = find_last_user_index(messages)
     return [
         m for i, m in enumerate(messages) if m["role"] != "developer" or i >= last_user
@@ -248,8 +249,8 @@ def encode_messages(
     reasoning_effort: Optional[str] = None,
     tools: Optional[List[Dict[str, Any]]] = None,
 ) -> str:
-    """DeepSeek's ``encode_messages``; ``tools`` go on the system message in
-    front (one is added where there is none)."""
+    """DeepSeek's ``encode_messages``. The tools go on the system message in
+    front, which is added if there is none."""
     if thinking_mode not in ("chat", "thinking"):
         raise ValueError(
             f"Invalid thinking_mode {thinking_mode!r}, expected 'chat' or 'thinking'"
@@ -290,9 +291,8 @@ def apply_chat_template(
     return_dict: bool = False,
     **kwargs,
 ) -> str:
-    """``encode_messages`` with mlx-lm's keywords; ``enable_thinking`` is
-    DeepSeek's ``thinking_mode``, which wins where given (mlx-lm's tokenizer
-    always passes ``enable_thinking``)."""
+    """Render the messages with mlx-lm's keywords. DeepSeek's ``thinking_mode``
+    wins over ``enable_thinking``, which mlx-lm's tokenizer always passes."""
     if continue_final_message and add_generation_prompt:
         raise ValueError(
             "Only one of continue_final_message or add_generation_prompt can be True"
@@ -304,9 +304,9 @@ def apply_chat_template(
     if continue_final_message:
         # A final user turn stays open (as mlx_lm.cache_prompt asks).
         role = messages[-1].get("role") if messages else None
-        if role not in ("assistant", "user", "developer"):
+        if role not in ("assistant", "user", "tool", "developer"):
             raise ValueError(
-                "continue_final_message needs a final assistant, user or "
+                "continue_final_message needs a final assistant, user, tool or "
                 f"developer message, not {role!r}"
             )
         if role == "assistant":

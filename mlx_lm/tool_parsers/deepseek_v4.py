@@ -1,7 +1,8 @@
 # Copyright © 2026 Apple Inc.
 
-"""Tool call parser for DeepSeek-V4 (DSML), as DeepSeek's encoding_dsv4.py: a
-value may hold any tag, so the block has no end marker but the reply's end."""
+"""Tool call parser for DeepSeek-V4's DSML blocks, as DeepSeek's
+encoding_dsv4.py reads them. A value may hold any tag, so a block ends only
+with the reply."""
 
 import json
 import re
@@ -21,19 +22,22 @@ def _read_until_stop(index, text, stop):
 
 
 def _parse_block(text):
-    """The calls of the block after its start tag; a block DeepSeek's
-    parser rejects raises a ValueError that names the fault."""
+    """Parse the calls after the block's start tag. Raise a ValueError that
+    names the fault where DeepSeek's parser rejects the block."""
     invoke, param = f"<{dsml}invoke", f"<{dsml}parameter"
     invoke_end, block_end = f"</{dsml}invoke", f"</{dsml}tool_calls>"
     if block_end not in text:
         raise ValueError(f"The tool calls have no closing {block_end}")
-    # Each invoke and the block end follow a ">" and a newline.
-    text = ">" + text
     calls = []
+    # A newline after the start tag, then ">\n" after each invoke's end tag
+    expected = "\n"
     index, gap, stop = _read_until_stop(0, text, [invoke, block_end])
     while True:
-        if gap != ">\n":
-            raise ValueError(f"Tool call format error: expected '>\\n', got {gap!r}")
+        if gap != expected:
+            raise ValueError(
+                f"Tool call format error: expected {expected!r}, got {gap!r}"
+            )
+        expected = ">\n"
         if stop == block_end:
             if text[index:].strip():
                 raise ValueError(f"Text after the tool calls: {text[index:]!r}")
