@@ -226,7 +226,7 @@ class TestDeepseekV4Internals(unittest.TestCase):
             for start, end in ((0, 7), (7, 8), (8, 40)):
                 rows = deepseek_v4.WindowRows([start], [0], [end - start], end - start)
                 pool = c(x[:, start:end], cache, rows)
-            r, d, n = c.ratio, c.head_dim, 40 // c.ratio
+            r, d, n = c.ratio, c.norm.weight.shape[0], 40 // c.ratio
             kv, gate = np.array(c.wkv(x)[0]), np.array(c.wgate(x)[0])
             gate = gate + np.resize(np.array(c.ape), gate.shape)
             ref = []

@@ -713,6 +713,17 @@ class TestDeepseekV4(unittest.TestCase):
         )
         assert_trains(self, model)
 
+    def test_full_fine_tune_trains(self):
+        # Unfrozen as mlx_lm.lora --fine-tune-type full does, then whole: the
+        # hash layers' expert tables (integers) stay frozen.
+        model = make_tiny_model()
+        model.freeze()
+        for layer in model.layers:
+            layer.unfreeze()
+        assert_trains(self, model)
+        model.unfreeze()
+        assert_trains(self, model)
+
 
 class TestDeepseekV4Checkpoints(unittest.TestCase):
     @classmethod

@@ -310,7 +310,6 @@ class Compressor(nn.Module):
     def __init__(self, args: ModelArgs, ratio: int, head_dim: int, overlap: bool):
         super().__init__()
         self.ratio = ratio
-        self.head_dim = head_dim
         self.overlap = overlap
         width = 2 * head_dim if overlap else head_dim
         self.wkv = nn.Linear(args.hidden_size, width, bias=False)
