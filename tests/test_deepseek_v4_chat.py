@@ -220,11 +220,6 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
                 {"tools": TOOLS},
             ),
             ("return_dict", [hi], {"return_dict": True}),
-            (
-                "continue_final_message",
-                [{"role": "system", "content": "s"}],
-                {"continue_final_message": True},
-            ),
         ]
         for field, messages, kwargs in bad:
             with self.subTest(field):

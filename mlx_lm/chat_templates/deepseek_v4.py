@@ -301,16 +301,8 @@ def apply_chat_template(
         raise ValueError("return_dict=True is not supported: the template gives text")
     if kwargs.get("thinking_mode") is None:
         kwargs["thinking_mode"] = "thinking" if enable_thinking else "chat"
-    if continue_final_message:
-        # A final user turn stays open (as mlx_lm.cache_prompt asks).
-        role = messages[-1].get("role") if messages else None
-        if role not in ("assistant", "user", "tool", "developer"):
-            raise ValueError(
-                "continue_final_message needs a final assistant, user, tool or "
-                f"developer message, not {role!r}"
-            )
-        if role == "assistant":
-            messages = [*messages[:-1], {**messages[-1], "wo_eos": True}]
+    if continue_final_message and messages and messages[-1]["role"] == "assistant":
+        messages = [*messages[:-1], {**messages[-1], "wo_eos": True}]
 
     prompt = encode_messages(
         messages, reasoning_effort=reasoning_effort, tools=tools, **kwargs

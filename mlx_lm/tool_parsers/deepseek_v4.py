@@ -21,6 +21,16 @@ def _read_until_stop(index, text, stop):
     return p + len(matched), text[index:p], matched
 
 
+def _value(raw, is_string):
+    # A value that is not JSON stays text, as in the other parsers
+    if is_string == "true":
+        return raw
+    try:
+        return json.loads(raw)
+    except ValueError:
+        return raw
+
+
 def _parse_block(text):
     """Parse the calls after the block's start tag. Raise a ValueError that
     names the fault where DeepSeek's parser rejects the block."""
@@ -57,10 +67,7 @@ def _parse_block(text):
                 raise ValueError(f"Parameter format error: {body!r}")
             if m[1] in arguments:
                 raise ValueError(f"Duplicate parameter name: {m[1]!r}")
-            try:
-                arguments[m[1]] = m[3] if m[2] == "true" else json.loads(m[3])
-            except ValueError:
-                raise ValueError(f"Parameter {m[1]!r} is not JSON: {m[3]!r}") from None
+            arguments[m[1]] = _value(m[3], m[2])
             index, gap, stop = _read_until_stop(index, text, [param, invoke_end])
             if gap != ">\n":
                 raise ValueError(
