@@ -70,6 +70,11 @@ HELLO = assistant("Hello!", "A greeting.")
 ASK = user("Weather in Paris?")
 CALLS = assistant("", "Ask the tool.", tool_calls=[PARIS])
 SUNNY = tool("Sunny", "call_1")
+PARTS = [
+    {"type": "text", "text": "Sunny"},
+    {"type": "image_url", "image_url": {"url": "x"}},
+    {"type": "text", "text": "20 C"},
+]
 REMINDER = msg("latest_reminder", "Today is Monday.")
 ARGS = {"s": "x\ny", "n": 1.5, "b": True, "z": None, "l": [1, "a"], "o": {"k": "é"}}
 BOTH = assistant("", "Both.", tool_calls=[PARIS, ROME, NOW])
@@ -93,6 +98,7 @@ CASES = [
     ("earlier reasoning dropped", [SYS, HI, HELLO, ASK], {}),
     ("earlier reasoning kept with tools", [SYS, HI, HELLO, ASK], T),
     ("tool call and result", [SYS, ASK, CALLS, SUNNY], T),
+    ("tool result as content parts", [ASK, CALLS, tool(PARTS, "call_1")], T),
     ("tool results sorted into call order", [ASK, BOTH, *RESULTS], T),
     ("arguments of every JSON type", [HI, EVERY_TYPE, tool("done")], T),
     ("reasoning effort max", [SYS, HI], MAX),
@@ -132,6 +138,7 @@ EXPECTED = {
     "earlier reasoning dropped": "<｜begin▁of▁sentence｜>Be brief.<｜User｜>Hi<｜Assistant｜></think>Hello!<｜end▁of▁sentence｜><｜User｜>Weather in Paris?<｜Assistant｜><think>",
     "earlier reasoning kept with tools": "<｜begin▁of▁sentence｜>Be brief.\n\n⟦tools⟧<｜User｜>Hi<｜Assistant｜><think>A greeting.</think>Hello!<｜end▁of▁sentence｜><｜User｜>Weather in Paris?<｜Assistant｜><think>",
     "tool call and result": '<｜begin▁of▁sentence｜>Be brief.\n\n⟦tools⟧<｜User｜>Weather in Paris?<｜Assistant｜><think>Ask the tool.</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>Sunny</tool_result><｜Assistant｜><think>',
+    "tool result as content parts": '<｜begin▁of▁sentence｜>\n\n⟦tools⟧<｜User｜>Weather in Paris?<｜Assistant｜><think>Ask the tool.</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>Sunny\n\n[Unsupported image_url]\n\n20 C</tool_result><｜Assistant｜><think>',
     "tool results sorted into call order": '<｜begin▁of▁sentence｜>\n\n⟦tools⟧<｜User｜>Weather in Paris?<｜Assistant｜><think>Both.</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Rome</｜DSML｜parameter>\n</｜DSML｜invoke>\n<｜DSML｜invoke name="get_time">\n\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>Sunny</tool_result>\n\n<tool_result>Rain</tool_result>\n\n<tool_result>9:00</tool_result><｜Assistant｜><think>',
     "arguments of every JSON type": '<｜begin▁of▁sentence｜>\n\n⟦tools⟧<｜User｜>Hi<｜Assistant｜><think></think>Ok.\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="f">\n<｜DSML｜parameter name="s" string="true">x\ny</｜DSML｜parameter>\n<｜DSML｜parameter name="n" string="false">1.5</｜DSML｜parameter>\n<｜DSML｜parameter name="b" string="false">true</｜DSML｜parameter>\n<｜DSML｜parameter name="z" string="false">null</｜DSML｜parameter>\n<｜DSML｜parameter name="l" string="false">[1, "a"]</｜DSML｜parameter>\n<｜DSML｜parameter name="o" string="false">{"k": "é"}</｜DSML｜parameter>\n<｜DSML｜parameter name="q" string="true">42</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>done</tool_result><｜Assistant｜><think>',
     "reasoning effort max": "<｜begin▁of▁sentence｜>Reasoning Effort: Absolute maximum with no shortcuts permitted.\nYou MUST be very thorough in your thinking and comprehensively decompose the problem to resolve the root cause, rigorously stress-testing your logic against all potential paths, edge cases, and adversarial scenarios.\nExplicitly write out your entire deliberation process, documenting every intermediate step, considered alternative, and rejected hypothesis to ensure absolutely no assumption is left unchecked.\n\nBe brief.<｜User｜>Hi<｜Assistant｜><think>",
@@ -219,7 +226,6 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
                 [{"role": "system", "content": "s", "tools": TOOLS}, hi],
                 {"tools": TOOLS},
             ),
-            ("return_dict", [hi], {"return_dict": True}),
         ]
         for field, messages, kwargs in bad:
             with self.subTest(field):
@@ -264,12 +270,6 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
                 text = apply_chat_template(messages, continue_final_message=True)
                 self.assertEqual(text, f"{bos_token}{user_token}The quick")
                 self.assertEqual(text, apply_chat_template(messages))
-
-    def test_return_dict_false_gives_the_text(self):
-        # As mlx_lm's fine-tuning datasets ask for it.
-        messages = [SYS, HI]
-        text = apply_chat_template(messages, return_dict=False)
-        self.assertEqual(text, apply_chat_template(messages))
 
     def test_messages_are_not_changed(self):
         messages = json.loads(json.dumps([SYS, ASK, CALLS, SUNNY]))

@@ -110,6 +110,20 @@ def render_tool_calls(tool_calls: List[Dict[str, Any]]) -> str:
     return f"\n\n<{dsml_token}tool_calls>\n{invokes}\n</{dsml_token}tool_calls>"
 
 
+def _tool_text(content):
+    # As DeepSeek's encoder: a list of content parts gives its text parts.
+    if not isinstance(content, list):
+        return content
+    return "\n\n".join(
+        (
+            p.get("text", "")
+            if p.get("type") == "text"
+            else f"[Unsupported {p.get('type')}]"
+        )
+        for p in content
+    )
+
+
 def render_message(
     index: int,
     messages: List[Dict[str, Any]],
@@ -133,7 +147,8 @@ def render_message(
         parts = []
         for part in message["parts"]:
             if part["type"] == "tool_result":
-                parts.append(f"<tool_result>{part['content']}</tool_result>")
+                result = _tool_text(part["content"])
+                parts.append(f"<tool_result>{result}</tool_result>")
             else:
                 parts.append(part["text"])
         text = user_token + "\n\n".join(parts)
@@ -288,7 +303,6 @@ def apply_chat_template(
     continue_final_message: bool = False,
     enable_thinking: bool = True,
     reasoning_effort: Optional[str] = None,
-    return_dict: bool = False,
     **kwargs,
 ) -> str:
     """Render the messages with mlx-lm's keywords. DeepSeek's ``thinking_mode``
@@ -297,8 +311,6 @@ def apply_chat_template(
         raise ValueError(
             "Only one of continue_final_message or add_generation_prompt can be True"
         )
-    if return_dict:
-        raise ValueError("return_dict=True is not supported: the template gives text")
     if kwargs.get("thinking_mode") is None:
         kwargs["thinking_mode"] = "thinking" if enable_thinking else "chat"
     if continue_final_message and messages and messages[-1]["role"] == "assistant":
