@@ -110,7 +110,7 @@ def render_tool_calls(tool_calls: List[Dict[str, Any]]) -> str:
     return f"\n\n<{dsml_token}tool_calls>\n{invokes}\n</{dsml_token}tool_calls>"
 
 
-def _tool_text(content):
+def _tool_result_text(content):
     # As DeepSeek's encoder: a list of content parts gives its text parts.
     if not isinstance(content, list):
         return content
@@ -147,7 +147,7 @@ def render_message(
         parts = []
         for part in message["parts"]:
             if part["type"] == "tool_result":
-                result = _tool_text(part["content"])
+                result = _tool_result_text(part["content"])
                 parts.append(f"<tool_result>{result}</tool_result>")
             else:
                 parts.append(part["text"])

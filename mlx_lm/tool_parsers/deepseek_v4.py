@@ -1,8 +1,7 @@
 # Copyright © 2026 Apple Inc.
 
 """Tool call parser for DeepSeek-V4's DSML blocks, as DeepSeek's
-encoding_dsv4.py reads them. A value may hold any tag, so a block ends only
-with the reply."""
+encoding_dsv4.py reads them."""
 
 import json
 import re
@@ -10,6 +9,7 @@ from typing import Any, Optional
 
 dsml = "｜DSML｜"
 tool_call_start = f"\n\n<{dsml}tool_calls>"
+# A value may hold any tag, so a block ends only with the reply.
 tool_call_end = ""
 
 
@@ -21,7 +21,7 @@ def _read_until_stop(index, text, stop):
     return p + len(matched), text[index:p], matched
 
 
-def _value(raw, is_string):
+def _decode_value(raw, is_string):
     # A value that is not JSON stays text, as in the other parsers
     if is_string == "true":
         return raw
@@ -32,8 +32,7 @@ def _value(raw, is_string):
 
 
 def _parse_block(text):
-    """Parse the calls after the block's start tag. Raise a ValueError that
-    names the fault where DeepSeek's parser rejects the block."""
+    """Parse the calls after the start tag; raise where DeepSeek's parser does."""
     invoke, param = f"<{dsml}invoke", f"<{dsml}parameter"
     invoke_end, block_end = f"</{dsml}invoke", f"</{dsml}tool_calls>"
     if block_end not in text:
@@ -67,7 +66,7 @@ def _parse_block(text):
                 raise ValueError(f"Parameter format error: {body!r}")
             if m[1] in arguments:
                 raise ValueError(f"Duplicate parameter name: {m[1]!r}")
-            arguments[m[1]] = _value(m[3], m[2])
+            arguments[m[1]] = _decode_value(m[3], m[2])
             index, gap, stop = _read_until_stop(index, text, [param, invoke_end])
             if gap != ">\n":
                 raise ValueError(
