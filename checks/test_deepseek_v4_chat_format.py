@@ -172,8 +172,7 @@ TAIL = "<｜User｜>Hi<｜Assistant｜><think>"
 class TestDeepseekV4ChatSweep(unittest.TestCase):
 
     def test_more_conversations_render_as_deepseeks_encoder(self):
-        # The 59th, tool results in parts: tests/test_deepseek_v4_chat_server.py.
-        self.assertEqual(len(CASES) + len(MORE_CASES), 58)
+        self.assertEqual(len(CASES) + len(MORE_CASES), 61)
         for name, messages, kwargs in MORE_CASES:
             with self.subTest(name):
                 kwargs = {"add_generation_prompt": True, **kwargs}
