@@ -22,7 +22,6 @@ def _read_until_stop(index, text, stop):
 
 
 def _decode_value(raw, is_string):
-    # A value that is not JSON stays text, as in the other parsers
     if is_string == "true":
         return raw
     try:
@@ -38,7 +37,6 @@ def _parse_block(text):
     if block_end not in text:
         raise ValueError(f"The tool calls have no closing {block_end}")
     calls = []
-    # A newline after the start tag, then ">\n" after each invoke's end tag
     expected = "\n"
     index, gap, stop = _read_until_stop(0, text, [invoke, block_end])
     while True:
@@ -60,7 +58,7 @@ def _parse_block(text):
         while stop == param:
             index, body, _ = _read_until_stop(index, text, [f"/{dsml}parameter"])
             m = re.fullmatch(
-                r' name="(.*?)" string="(true|false)">(.*?)<', body, flags=re.DOTALL
+                r' name="(.*?)" string="(true|false)">(.*?)<\n?', body, flags=re.DOTALL
             )
             if m is None:
                 raise ValueError(f"Parameter format error: {body!r}")
