@@ -219,7 +219,8 @@ def merge_tool_messages(messages: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                 last["parts"].append(part)
             else:
                 turn = {"role": "user", "parts": [part]}
-                turn.update({k: message[k] for k in ("task", "wo_eos") if k in message})
+                if "task" in message:
+                    turn["task"] = message["task"]
                 merged.append(turn)
         else:
             merged.append(dict(message))

@@ -21,8 +21,8 @@ def _read_until_stop(index, text, stop):
     return p + len(matched), text[index:p], matched
 
 
-def _decode_value(raw, is_string):
-    if is_string == "true":
+def _decode_value(raw, string):
+    if string == "true":
         return raw
     try:
         return json.loads(raw)
@@ -57,6 +57,7 @@ def _parse_block(text):
         arguments = {}
         while stop == param:
             index, body, _ = _read_until_stop(index, text, [f"/{dsml}parameter"])
+            # "<\n?" as DeepSeek's "<$", whose "$" takes a final newline
             m = re.fullmatch(
                 r' name="(.*?)" string="(true|false)">(.*?)<\n?', body, flags=re.DOTALL
             )
