@@ -145,7 +145,7 @@ def render_message(
         text = user_token + content
     elif role == "user":
         parts = []
-        for part in message["parts"]:
+        for part in message["content_blocks"]:
             if part["type"] == "tool_result":
                 result = _tool_result_text(part["content"])
                 parts.append(f"<tool_result>{result}</tool_result>")
@@ -210,15 +210,15 @@ def merge_tool_messages(messages: List[Dict[str, Any]]) -> List[Dict[str, Any]]:
                 "content": message.get("content", ""),
             }
             if last.get("role") == "user":
-                last["parts"].append(part)
+                last["content_blocks"].append(part)
             else:
-                merged.append({"role": "user", "parts": [part]})
+                merged.append({"role": "user", "content_blocks": [part]})
         elif role == "user":
             part = {"type": "text", "text": message.get("content", "")}
             if last.get("role") == "user" and last.get("task") is None:
-                last["parts"].append(part)
+                last["content_blocks"].append(part)
             else:
-                turn = {"role": "user", "parts": [part]}
+                turn = {"role": "user", "content_blocks": [part]}
                 if "task" in message:
                     turn["task"] = message["task"]
                 merged.append(turn)
@@ -239,12 +239,12 @@ def sort_tool_results_by_call_order(
                 if call_id:
                     order[call_id] = i
         elif message["role"] == "user":
-            parts = message["parts"]
+            parts = message["content_blocks"]
             results = [p for p in parts if p["type"] == "tool_result"]
             if len(results) > 1 and order:
                 results = sorted(results, key=lambda p: order.get(p["tool_use_id"], 0))
                 results = iter(results)
-                message["parts"] = [
+                message["content_blocks"] = [
                     next(results) if p["type"] == "tool_result" else p for p in parts
                 ]
     return messages
