@@ -303,6 +303,8 @@ def apply_chat_template(
     add_generation_prompt: bool = False,
     continue_final_message: bool = False,
     enable_thinking: bool = True,
+    thinking_mode: Optional[str] = None,
+    drop_thinking: bool = True,
     reasoning_effort: Optional[str] = None,
     **kwargs,
 ) -> str:
@@ -312,20 +314,20 @@ def apply_chat_template(
         raise ValueError(
             "Only one of continue_final_message or add_generation_prompt can be True"
         )
-    if kwargs.get("thinking_mode") is None:
-        kwargs["thinking_mode"] = "thinking" if enable_thinking else "chat"
+    if thinking_mode is None:
+        thinking_mode = "thinking" if enable_thinking else "chat"
     if continue_final_message and messages and messages[-1]["role"] == "assistant":
         messages = [*messages[:-1], {**messages[-1], "wo_eos": True}]
 
     prompt = encode_messages(
-        messages, reasoning_effort=reasoning_effort, tools=tools, **kwargs
+        messages, thinking_mode, drop_thinking, reasoning_effort, tools, **kwargs
     )
 
     # mlx-lm's cut, as deepseek_v32's: without a generation prompt a final user
     # turn ends at its text (DeepSeek's encoder always opens the reply).
     role = messages[-1].get("role") if messages else None
     if not add_generation_prompt and role in ("user", "tool", "developer"):
-        thinking = kwargs["thinking_mode"] == "thinking"
+        thinking = thinking_mode == "thinking"
         think = thinking_start_token if thinking else thinking_end_token
         prompt = prompt.removesuffix(assistant_token + think)
     return prompt
