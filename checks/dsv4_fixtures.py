@@ -35,7 +35,6 @@ from test_deepseek_v4 import (  # noqa: E402, F401
     _release_tensors,
     _write,
     assert_load_names_every_key,
-    assert_trains,
     logits_summary,
     make_tiny_model,
     make_tiny_model_folder,
