@@ -306,7 +306,6 @@ def apply_chat_template(
     thinking_mode: Optional[str] = None,
     drop_thinking: bool = True,
     reasoning_effort: Optional[str] = None,
-    **kwargs,
 ) -> str:
     """Render the messages with mlx-lm's keywords. DeepSeek's ``thinking_mode``
     wins over ``enable_thinking``, which mlx-lm's tokenizer always passes."""
@@ -320,7 +319,7 @@ def apply_chat_template(
         messages = [*messages[:-1], {**messages[-1], "wo_eos": True}]
 
     prompt = encode_messages(
-        messages, thinking_mode, drop_thinking, reasoning_effort, tools, **kwargs
+        messages, thinking_mode, drop_thinking, reasoning_effort, tools
     )
 
     # mlx-lm's cut, as deepseek_v32's: without a generation prompt a final user
