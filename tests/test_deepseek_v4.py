@@ -833,6 +833,44 @@ class TestDeepseekV4Checkpoints(unittest.TestCase):
         keys = ["`compress_ratios` needs 4 ratios"]
         assert_load_names_every_key(self, self.path / "ratios", keys)
 
+    def test_deepseek_v41_names_the_weight_of_a_bad_scale(self):
+        # V4.1 repacks its fp8 and fp4 weights with V4's checks.
+        from mlx_lm.models import deepseek_v41
+
+        args = deepseek_v41.ModelArgs(
+            model_type="deepseek_v41",
+            vocab_size=64,
+            hidden_size=64,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            head_dim=32,
+            q_lora_rank=32,
+            qk_rope_head_dim=8,
+            o_groups=2,
+            o_lora_rank=16,
+            moe_intermediate_size=32,
+            n_routed_experts=2,
+            num_experts_per_tok=1,
+            compress_ratios=(0, 0),
+        )
+        model = deepseek_v41.Model(args)
+        fp8, fp4 = mx.zeros((32, 64), mx.uint8), mx.zeros((2, 32, 32), mx.int8)
+        for weights, key in (
+            ({"layers.0.attn.wq_a": fp8}, "layers.0.attn.wq_a.weight"),
+            (
+                {f"layers.1.ffn.experts.{i}.w1": fp4[i] for i in range(2)},
+                "layers.1.ffn.experts.*.w1.weight",
+            ),
+        ):
+            weights = {
+                f"{name}.{kind}": value
+                for name, weight in weights.items()
+                for kind, value in (("weight", weight), ("scale", mx.ones((1, 1))))
+            }
+            with self.subTest(key=key):
+                with self.assertRaisesRegex(ValueError, f"^{re.escape(key)}: its"):
+                    model.sanitize(weights)
+
 
 if __name__ == "__main__":
     unittest.main()
