@@ -26,6 +26,10 @@ After a ``--context``-token prompt it prints:
 - batch (``--batch B``): a ``BatchGenerator``'s round with the MTP block
   at the first ``--mtp-k`` drafts a row over B rows against a plain batched
   step;
+- batch oracle (``--batch B --oracle``): a ``BatchGenerator``'s tok/s over B
+  rows with batch oracle drafters (MTP k=2 at the published acceptance, with
+  ``--dspark`` DSpark block 5, and a block of 5 without drafter compute), each
+  row drawing its own accepted count a round, against plain batched decoding;
 - oracle (``--oracle``): greedy tok/s of the loop with drafters that propose
   the target's own greedy tokens (a plain run's) with a wrong one where the
   published acceptance says: MTP at k=2 accepted 70% then 29% per position
@@ -249,6 +253,40 @@ class OracleDrafter(Drafter):
     def finish(self, cache):
         if self.inner:
             self.inner.finish(cache)
+
+
+class BatchOracleDrafter(OracleDrafter):
+    """``OracleDrafter`` over B rows: row e proposes ``greedy[e]`` (a plain
+    batched run's), right up to its own ``accepted[e]()``, so rows accept
+    different counts in one round."""
+
+    def __init__(self, greedy, accepted, vocab, inner=None):
+        super().__init__(greedy, accepted, vocab, inner)
+        self.pos = [0] * len(greedy)
+        # The batch loop always asks the target for hidden states.
+        self.return_hidden = inner.return_hidden if inner else True
+
+    def draft(self, cache, inputs, num_draft, sample):
+        if self.inner:
+            drafted, _ = self.inner.draft(cache, inputs, num_draft, sample)
+            num_draft = drafted.shape[1]
+        rows = []
+        for e, (greedy, accepted) in enumerate(zip(self.greedy, self.accepted)):
+            row = greedy[self.pos[e] : self.pos[e] + num_draft]
+            row = row + [0] * (num_draft - len(row))
+            right = accepted()
+            if right < num_draft:
+                row[right] = (row[right] + 1) % self.vocab
+            rows.append(row)
+        drafts = mx.array(rows, mx.uint32).reshape(len(rows), num_draft)
+        if self.inner:
+            self.inner._drafts = drafts
+        return drafts, None
+
+    def trim(self, cache, counts):
+        self.pos = [p + self.num_draft - c + 1 for p, c in zip(self.pos, counts)]
+        if self.inner:
+            self.inner.trim(cache, counts)
 
 
 def per_position(rates, rng):
@@ -649,6 +687,114 @@ def batch_rounds(args, config, model):
     )
 
 
+def batch_oracle(args, config, model, dmodel=None):
+    """--batch B --oracle: a BatchGenerator's tok/s over B rows (all rows'
+    tokens) with batch oracle drafters at the published acceptance, each row
+    drawing its own accepted count (rows disagree), against the plain
+    BatchGenerator, alternated --repeat times, --tokens rounds (steps) each;
+    every row's tokens checked against the plain run's."""
+    from mlx_lm.generate import BatchGenerator
+
+    from mlx_lm.models.deepseek_v4_dspark import DSparkDrafter
+    from mlx_lm.models.mtp_drafter import MTPDrafter
+
+    mx.random.seed(args.seed + 5)
+    vocab, B = config["vocab_size"], args.batch
+    prompts = [mx.random.randint(0, vocab, (args.context,)).tolist() for _ in range(B)]
+    _, a = geometric(5, args.block_mean, random.Random(0))
+    # name: (target, drafts a round, acceptance of a row, inner drafter)
+    drafters = {"plain": None}
+    rates = MTP_RATES[:2]
+    label = "/".join(f"{r * 100:.0f}" for r in rates)
+    drafters[f"MTP k=2, {label}%"] = (
+        model,
+        2,
+        lambda rng: per_position(rates, rng),
+        MTPDrafter,
+    )
+    block = lambda rng: geometric(5, args.block_mean, rng)[0]  # noqa: E731
+    if dmodel is not None:
+        drafters[f"DSpark block 5, mean {args.block_mean:g}"] = (
+            dmodel,
+            5,
+            block,
+            DSparkDrafter,
+        )
+    drafters[f"block 5, mean {args.block_mean:g}, no drafter"] = (
+        model,
+        5,
+        block,
+        None,
+    )
+
+    def generate(target, rounds, drafter=None, k=0):
+        kwargs = {"drafter": drafter, "num_draft_tokens": k} if drafter else {}
+        generator = BatchGenerator(target, stop_tokens=set(), **kwargs)
+        # Enough that no row stops within the rounds timed.
+        generator.insert(prompts, max_tokens=[(rounds + 2) * (k + 1)] * B)
+        while len(generator._generation_batch) < B:
+            generator.next()
+        batch = generator._generation_batch
+        tic = time.perf_counter()
+        for _ in range(rounds):
+            batch.next()
+        elapsed = time.perf_counter() - tic
+        tokens = [list(t)[args.context :] for t in batch.tokens]
+        generator.close()
+        return elapsed, tokens
+
+    greedy = {}
+    for target in {id(s[0]): s[0] for s in drafters.values() if s}.values():
+        _, greedy[id(target)] = generate(target, args.tokens * 6)
+
+    def once(name, seed, rounds):
+        spec = drafters[name]
+        if spec is None:
+            elapsed, tokens = generate(model, rounds)
+            return elapsed, tokens, greedy[id(model)]
+        target, k, make, inner = spec
+        truth = greedy[id(target)]
+        accepted = [make(random.Random(seed * 131 + e)) for e in range(B)]
+        inner = inner(target) if inner else None
+        drafter = BatchOracleDrafter(truth, accepted, vocab, inner)
+        elapsed, tokens = generate(target, rounds, drafter, k)
+        return elapsed, tokens, truth
+
+    for name in drafters:
+        # Warm up: the compiled steps of every forward's length.
+        once(name, -1, 4)
+    rate = {name: [] for name in drafters}
+    mismatch = {name: 0 for name in drafters}
+    per_row = {name: [] for name in drafters}
+    for r in range(args.repeat):
+        for name in drafters:
+            elapsed, tokens, truth = once(name, r, args.tokens)
+            n = [len(t) for t in tokens]
+            rate[name].append(sum(n) / elapsed)
+            per_row[name].append([x / args.tokens for x in n])
+            mismatch[name] += sum(
+                a != b for row, want in zip(tokens, truth) for a, b in zip(row, want)
+            )
+            mismatch[name] += sum(len(t) > len(w) for t, w in zip(tokens, truth))
+    print(
+        f"batch oracle, {B} rows after {args.context} tokens, {args.tokens} "
+        f"rounds a run, medians of {args.repeat} alternated runs (min-max); "
+        "tok/s of all rows:"
+    )
+    print(
+        f"{'':28} {'tok/s':>8} {'x plain':>16} "
+        f"{'tokens a round, by row':>28} {'!= plain':>9}"
+    )
+    for name in drafters:
+        ratios = sorted(x / y for x, y in zip(rate[name], rate["plain"]))
+        rows = [statistics.mean(col) for col in zip(*per_row[name])]
+        print(
+            f"{name:28} {statistics.median(rate[name]):>8.2f} "
+            f"{statistics.median(ratios):>6.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f}) "
+            f"{' '.join(f'{x:.2f}' for x in rows):>28} {mismatch[name]:>9}"
+        )
+
+
 def oracle(args, config, model, dmodel=None):
     from mlx_lm.generate import generate_step, speculative_generate_step
 
@@ -1009,9 +1155,11 @@ def main():
         verify(args, config, model)
     if args.rounds:
         rounds(args, config, model, dmodel, peer)
-    if args.batch:
+    if args.batch and args.oracle:
+        batch_oracle(args, config, model, dmodel)
+    elif args.batch:
         batch_rounds(args, config, model)
-    if args.oracle:
+    if args.oracle and not args.batch:
         oracle(args, config, model, dmodel)
     if args.greedy_guarantee:
         if args.dtype != "float32":

@@ -172,7 +172,7 @@ TAIL = "<｜User｜>Hi<｜Assistant｜><think>"
 class TestDeepseekV4ChatSweep(unittest.TestCase):
 
     def test_more_conversations_render_as_deepseeks_encoder(self):
-        self.assertEqual(len(CASES) + len(MORE_CASES), 61)
+        self.assertEqual(len(CASES) + len(MORE_CASES), 59)
         for name, messages, kwargs in MORE_CASES:
             with self.subTest(name):
                 kwargs = {"add_generation_prompt": True, **kwargs}

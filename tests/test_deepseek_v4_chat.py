@@ -6,6 +6,7 @@ import unittest
 from mlx_lm.chat_templates.deepseek_v4 import (
     apply_chat_template,
     bos_token,
+    encode_messages,
     render_tool_calls,
     user_token,
 )
@@ -119,8 +120,6 @@ CASES = [
     ("tool result and user text in a row", [ASK, CALLS, SUNNY, user("Thx")], T),
     ("latest reminder before the last user turn", [HI, HELLO, REMINDER, ASK], {}),
     ("arguments not JSON", [HI, SHELL, tool("a.txt", "c")], {}),
-    ("thinking_mode chat", [HI], {"thinking_mode": "chat"}),
-    ("thinking_mode thinking", [HI], {"thinking_mode": "thinking", **CHAT}),
 ]
 
 
@@ -155,8 +154,6 @@ EXPECTED = {
     "tool result and user text in a row": '<｜begin▁of▁sentence｜>\n\n⟦tools⟧<｜User｜>Weather in Paris?<｜Assistant｜><think>Ask the tool.</think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="get_weather">\n<｜DSML｜parameter name="city" string="true">Paris</｜DSML｜parameter>\n<｜DSML｜parameter name="days" string="false">2</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>Sunny</tool_result>\n\nThx<｜Assistant｜><think>',
     "latest reminder before the last user turn": "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜></think>Hello!<｜end▁of▁sentence｜><｜latest_reminder｜>Today is Monday.<｜User｜>Weather in Paris?<｜Assistant｜><think>",
     "arguments not JSON": '<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜></think>\n\n<｜DSML｜tool_calls>\n<｜DSML｜invoke name="shell">\n<｜DSML｜parameter name="arguments" string="true">ls -la</｜DSML｜parameter>\n</｜DSML｜invoke>\n</｜DSML｜tool_calls><｜end▁of▁sentence｜><｜User｜><tool_result>a.txt</tool_result><｜Assistant｜><think>',
-    "thinking_mode chat": "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜></think>",
-    "thinking_mode thinking": "<｜begin▁of▁sentence｜><｜User｜>Hi<｜Assistant｜><think>",
 }
 EXPECTED = {k: v.replace("⟦tools⟧", TOOLS_BLOCK) for k, v in EXPECTED.items()}
 
@@ -217,7 +214,6 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
         hi = {"role": "user", "content": "Hi"}
         bad = [
             ("reasoning_effort", [hi], {"reasoning_effort": "lowest"}),
-            ("thinking_mode", [hi], {"thinking_mode": "deep"}),
             ("role `developer`", [{"role": "developer", "content": ""}], {}),
             ("Unknown role: bot", [hi, {"role": "bot", "content": "x"}], {}),
             ("Invalid task: 'bogus'", [user("x", task="bogus")], {}),
@@ -235,6 +231,8 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
             apply_chat_template(
                 [hi], add_generation_prompt=True, continue_final_message=True
             )
+        with self.assertRaisesRegex(ValueError, "thinking_mode"):
+            encode_messages([hi], thinking_mode="deep")
 
     def test_thinking_drops_developer_messages_before_the_last_user_turn(self):
         messages = [

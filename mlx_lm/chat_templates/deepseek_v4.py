@@ -303,18 +303,15 @@ def apply_chat_template(
     add_generation_prompt: bool = False,
     continue_final_message: bool = False,
     enable_thinking: bool = True,
-    thinking_mode: Optional[str] = None,
     drop_thinking: bool = True,
     reasoning_effort: Optional[str] = None,
 ) -> str:
-    """Render the messages with mlx-lm's keywords. DeepSeek's ``thinking_mode``
-    wins over ``enable_thinking``, which mlx-lm's tokenizer always passes."""
+    """Render the messages with mlx-lm's keywords."""
     if continue_final_message and add_generation_prompt:
         raise ValueError(
             "Only one of continue_final_message or add_generation_prompt can be True"
         )
-    if thinking_mode is None:
-        thinking_mode = "thinking" if enable_thinking else "chat"
+    thinking_mode = "thinking" if enable_thinking else "chat"
     if continue_final_message and messages and messages[-1]["role"] == "assistant":
         messages = [*messages[:-1], {**messages[-1], "wo_eos": True}]
 
