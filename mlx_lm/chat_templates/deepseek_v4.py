@@ -77,9 +77,7 @@ def render_tools(tools) -> str:
 
 
 def encode_arguments_to_dsml(tool_call: Dict[str, Any]) -> str:
-    """Render a call's arguments as DSML parameters. They come as JSON text
-    (OpenAI clients) or decoded (mlx_lm.server); other text becomes one
-    ``arguments`` parameter."""
+    """Render a call's arguments, JSON text or decoded, as DSML parameters."""
     arguments = tool_call["arguments"]
     if isinstance(arguments, str):
         try:
@@ -251,7 +249,6 @@ def sort_tool_results_by_call_order(
 
 
 def _drop_developer_messages(messages):
-    """Drop the developer messages before the last user message."""
     last_user = find_last_user_index(messages)
     return [
         m for i, m in enumerate(messages) if m["role"] != "developer" or i >= last_user
@@ -265,8 +262,7 @@ def encode_messages(
     reasoning_effort: Optional[str] = None,
     tools: Optional[List[Dict[str, Any]]] = None,
 ) -> str:
-    """DeepSeek's ``encode_messages``. The tools go on the system message in
-    front, which is added if there is none."""
+    """DeepSeek's ``encode_messages``; ``tools`` go on the first system message."""
     if thinking_mode not in ("chat", "thinking"):
         raise ValueError(
             f"Invalid thinking_mode {thinking_mode!r}, expected 'chat' or 'thinking'"
@@ -319,8 +315,7 @@ def apply_chat_template(
         messages, thinking_mode, drop_thinking, reasoning_effort, tools
     )
 
-    # mlx-lm's cut, as deepseek_v32's: without a generation prompt a final user
-    # turn ends at its text (DeepSeek's encoder always opens the reply).
+    # As deepseek_v32: without a generation prompt a final user turn ends here.
     role = messages[-1].get("role") if messages else None
     if not add_generation_prompt and role in ("user", "tool", "developer"):
         thinking = thinking_mode == "thinking"

@@ -1,7 +1,6 @@
 # Copyright © 2026 Apple Inc.
 
-"""Tool call parser for DeepSeek-V4's DSML blocks, as DeepSeek's
-encoding_dsv4.py reads them."""
+"""DeepSeek-V4's DSML tool calls, read as DeepSeek's encoding_dsv4.py reads them."""
 
 import json
 import re
@@ -50,7 +49,6 @@ def _parse_block(text):
                 raise ValueError(f"Text after the tool calls: {text[index:]!r}")
             return calls
         index, head, stop = _read_until_stop(index, text, [param, invoke_end])
-        # One blank line may follow: a call without parameters is written so
         name = re.fullmatch(r'\s*name="(.*?)">\n\n?', head, flags=re.DOTALL)
         if name is None:
             raise ValueError(f"Tool name format error: {head!r}")
