@@ -258,6 +258,7 @@ def _drop_developer_messages(messages):
 def encode_messages(
     messages: List[Dict[str, Any]],
     thinking_mode: str = "thinking",
+    *,
     drop_thinking: bool = True,
     reasoning_effort: Optional[str] = None,
     tools: Optional[List[Dict[str, Any]]] = None,
@@ -312,7 +313,11 @@ def apply_chat_template(
         messages = [*messages[:-1], {**messages[-1], "wo_eos": True}]
 
     prompt = encode_messages(
-        messages, thinking_mode, drop_thinking, reasoning_effort, tools
+        messages,
+        thinking_mode,
+        drop_thinking=drop_thinking,
+        reasoning_effort=reasoning_effort,
+        tools=tools,
     )
 
     # As deepseek_v32: without a generation prompt a final user turn ends here.

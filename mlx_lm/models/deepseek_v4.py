@@ -62,7 +62,6 @@ class ModelArgs(BaseModelArgs):
     scoring_func: str = "sqrtsoftplus"
     routed_scaling_factor: float = 1.5
     norm_topk_prob: bool = True
-    gate_temp: float = 1.0
     swiglu_limit: float = 10.0
     hc_mult: int = 4
     hc_sinkhorn_iters: int = 20
@@ -600,7 +599,6 @@ class Router(nn.Module):
             self.e_score_correction_bias = mx.zeros(
                 (args.n_routed_experts,), dtype=mx.float32
             )
-        self.gate_temp = args.gate_temp
         self.norm_topk_prob = args.norm_topk_prob
         self.route_scale = args.routed_scaling_factor
 
@@ -610,13 +608,13 @@ class Router(nn.Module):
         hashed = "tid2eid" in self
         choice = self.tid2eid[input_ids] if hashed else self.e_score_correction_bias
         route = _route_step if x.shape[-2] <= _STEP_ROWS else _route
-        args = self.top_k, self.gate_temp, self.norm_topk_prob, self.route_scale
+        args = self.top_k, self.norm_topk_prob, self.route_scale
         return route(x, self.weight, choice, hashed, *args)
 
 
-def _route(x, weight, choice, hashed, top_k, temp, norm, scale):
+def _route(x, weight, choice, hashed, top_k, norm, scale):
     logits = x.astype(mx.float32) @ weight.astype(mx.float32).T
-    scores = mx.sqrt(nn.softplus(logits / temp))
+    scores = mx.sqrt(nn.softplus(logits))
     if hashed:
         chosen = choice
     else:
@@ -625,7 +623,7 @@ def _route(x, weight, choice, hashed, top_k, temp, norm, scale):
         chosen = mx.argpartition(-biased, top_k - 1, axis=-1)[..., :top_k]
     chosen = mx.stop_gradient(chosen)
     weights = mx.take_along_axis(scores, chosen, axis=-1)
-    if norm and top_k > 1:
+    if norm:
         weights = weights / (mx.sum(weights, axis=-1, keepdims=True) + 1e-20)
     return chosen, weights * scale
 
