@@ -534,7 +534,6 @@ class TestDeepseekV4ChatServer(unittest.TestCase):
             ({"reasoning_effort": "lowest"}, "reasoning_effort 'lowest'.*'none'"),
             ({"reasoning_effort": 3}, "reasoning_effort must be a string"),
             ({"chat_template_kwargs": {"thinking_mode": "fast"}}, "'chat' or"),
-            ({"chat_template_kwargs": {"thinking_mod": "chat"}}, "thinking_mod'"),
             ({"chat_template_kwargs": "chat"}, "chat_template_kwargs must be"),
             ({"tools": [{"type": "function"}]}, r"tools\[0\] has no 'function'"),
         ]

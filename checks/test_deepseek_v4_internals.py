@@ -151,7 +151,7 @@ class TestDeepseekV4Internals(unittest.TestCase):
         self.assertEqual(cache[0].nbytes, window.kv.nbytes)
         self.assertEqual(cache[1].compressor.kv.shape[1], 8 + TRIM_HISTORY + 1)
 
-    def test_extracted_and_copied_rows_hold_what_nbytes_reports(self):
+    def test_extracted_rows_hold_what_nbytes_reports(self):
         # From tests/test_prompt_cache.py: a view into a pool or window of the
         # batch would keep its whole buffer alive after the batch is gone.
         model = make_tiny_model()
@@ -166,8 +166,6 @@ class TestDeepseekV4Internals(unittest.TestCase):
         limit = mx.set_cache_limit(0)
         try:
             rows = [[c.extract(i) for c in batch] for i in range(2)]
-            rows.append([c.copy() for c in batch])
-            rows.append([c.copy() for c in rows[0]])
             mx.eval([c.state for row in rows for c in row])
             stored = sum(c.nbytes for row in rows for c in row)
             del batch

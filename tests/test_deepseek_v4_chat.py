@@ -234,6 +234,14 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
         with self.assertRaisesRegex(ValueError, "thinking_mode"):
             encode_messages([hi], thinking_mode="deep")
 
+    def test_other_keywords_are_ignored(self):
+        # As Hugging Face's templates ignore them (chat_template_kwargs).
+        hi = [{"role": "user", "content": "Hi"}]
+        self.assertEqual(
+            apply_chat_template(hi, add_generation_prompt=True, tool_choice="auto"),
+            apply_chat_template(hi, add_generation_prompt=True),
+        )
+
     def test_thinking_drops_developer_messages_before_the_last_user_turn(self):
         messages = [
             msg("developer", "Answer in French."),

@@ -302,8 +302,10 @@ def apply_chat_template(
     enable_thinking: bool = True,
     drop_thinking: bool = True,
     reasoning_effort: Optional[str] = None,
+    **kwargs,
 ) -> str:
-    """Render the messages with mlx-lm's keywords."""
+    """Render the messages with mlx-lm's keywords; other keywords are ignored,
+    as Hugging Face's templates ignore them."""
     if continue_final_message and add_generation_prompt:
         raise ValueError(
             "Only one of continue_final_message or add_generation_prompt can be True"

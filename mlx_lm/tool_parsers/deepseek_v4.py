@@ -49,15 +49,15 @@ def _parse_block(text):
                 raise ValueError(f"Text after the tool calls: {text[index:]!r}")
             return calls
         index, head, stop = _read_until_stop(index, text, [param, invoke_end])
+        # A call without parameters is written with a blank line
         name = re.fullmatch(r'\s*name="(.*?)">\n\n?', head, flags=re.DOTALL)
         if name is None:
             raise ValueError(f"Tool name format error: {head!r}")
         arguments = {}
         while stop == param:
             index, body, _ = _read_until_stop(index, text, [f"/{dsml}parameter"])
-            # "<\n?" as DeepSeek's "<$", whose "$" takes a final newline
             m = re.fullmatch(
-                r' name="(.*?)" string="(true|false)">(.*?)<\n?', body, flags=re.DOTALL
+                r' name="(.*?)" string="(true|false)">(.*?)<', body, flags=re.DOTALL
             )
             if m is None:
                 raise ValueError(f"Parameter format error: {body!r}")
