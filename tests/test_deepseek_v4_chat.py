@@ -3,6 +3,9 @@
 import json
 import unittest
 
+from tokenizers import Tokenizer, models
+from transformers import PreTrainedTokenizerFast
+
 from mlx_lm.chat_templates.deepseek_v4 import (
     apply_chat_template,
     bos_token,
@@ -10,7 +13,11 @@ from mlx_lm.chat_templates.deepseek_v4 import (
     render_tool_calls,
     user_token,
 )
-from mlx_lm.tool_parsers.deepseek_v4 import parse_tool_call, tool_call_start
+from mlx_lm.tool_parsers.deepseek_v4 import (
+    parse_tool_call,
+    tool_call_end,
+    tool_call_start,
+)
 
 # Conversations, as mlx_lm.server hands them to the encoder (tool call
 # arguments decoded, but for one not JSON), each with the options of the call.
@@ -174,6 +181,10 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
         messages = [HI, assistant("Ok.", tool_calls=[as_text]), tool("done")]
         out = apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True)
         self.assertEqual(out, EXPECTED["arguments of every JSON type"])
+        # As DeepSeek's encoder: null arguments are one parameter.
+        messages[1] = assistant("Ok.", tool_calls=[call("c", "f", None)])
+        out = apply_chat_template(messages, add_generation_prompt=True)
+        self.assertIn('<｜DSML｜parameter name="arguments" string="false">null<', out)
 
     def test_tools_given_as_functions_render_as_their_schemas(self):
         def get_weather(city: str, days: int):
@@ -233,6 +244,49 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
             )
         with self.assertRaisesRegex(ValueError, "thinking_mode"):
             encode_messages([hi], thinking_mode="deep")
+
+    def test_a_streamed_reply_splits_into_reasoning_text_and_calls(self):
+        from mlx_lm.generate import TextStateMachine, make_text_state_machine
+        from mlx_lm.tokenizer_utils import TokenizerWrapper
+
+        D = "｜DSML｜"
+        # The server's split of a reply after "<think>".
+        words = Tokenizer(models.WordLevel({"?": 0, "<think>": 1, "</think>": 2}, "?"))
+        tokenizer = TokenizerWrapper(
+            PreTrainedTokenizerFast(tokenizer_object=words),
+            tool_call_start=tool_call_start,
+            tool_call_end=tool_call_end,
+            tool_parser=parse_tool_call,
+        )
+        calls = [
+            {"name": "get_weather", "arguments": {"city": "Paris", "days": 2}},
+            # A value may hold the block's closing tag.
+            {"name": "write", "arguments": {"text": f"a\n</{D}tool_calls>\nb"}},
+        ]
+        block = (
+            f"\n\n<{D}tool_calls>\n"
+            f'<{D}invoke name="get_weather">\n'
+            f'<{D}parameter name="city" string="true">Paris</{D}parameter>\n'
+            f'<{D}parameter name="days" string="false">2</{D}parameter>\n'
+            f"</{D}invoke>\n"
+            f'<{D}invoke name="write">\n'
+            f'<{D}parameter name="text" string="true">a\n</{D}tool_calls>\n'
+            f"b</{D}parameter>\n"
+            f"</{D}invoke>\n"
+            f"</{D}tool_calls>"
+        )
+        reply = "Ask the tool.</think>Let me check." + block
+        for step in (1, 3, 7, len(reply)):
+            with self.subTest(step=step):
+                state = make_text_state_machine(tokenizer).make_state("reasoning")
+                out = {"reasoning": "", "normal": "", "tool": ""}
+                for i in range(0, len(reply), step):
+                    state, segments = TextStateMachine.split(state, reply[i : i + step])
+                    for name, text in segments:
+                        out[name] += text
+                self.assertEqual(out["reasoning"], "Ask the tool.")
+                self.assertEqual(out["normal"], "Let me check.")
+                self.assertEqual(parse_tool_call(out["tool"], None), calls)
 
     def test_other_keywords_are_ignored(self):
         # As Hugging Face's templates ignore them (chat_template_kwargs).

@@ -79,10 +79,10 @@ def render_tools(tools) -> str:
 def encode_arguments_to_dsml(tool_call: Dict[str, Any]) -> str:
     """Render a call's arguments, JSON text or decoded, as DSML parameters."""
     arguments = tool_call["arguments"]
-    if isinstance(arguments, str):
+    if not isinstance(arguments, dict):
         try:
             arguments = json.loads(arguments)
-        except ValueError:
+        except (TypeError, ValueError):
             arguments = {"arguments": arguments}
     parameters = []
     for name, value in arguments.items():
