@@ -26,6 +26,9 @@ def _decode_value(raw, string):
     try:
         return json.loads(raw)
     except ValueError:
+        # Text, but not a value run past a damaged closing tag
+        if dsml in raw:
+            raise ValueError(f"Parameter value is not JSON: {raw!r}") from None
         return raw
 
 
