@@ -181,10 +181,16 @@ class TestDeepseekV4ChatTemplate(unittest.TestCase):
         messages = [HI, assistant("Ok.", tool_calls=[as_text]), tool("done")]
         out = apply_chat_template(messages, tools=TOOLS, add_generation_prompt=True)
         self.assertEqual(out, EXPECTED["arguments of every JSON type"])
-        # As DeepSeek's encoder: null arguments are one parameter.
-        messages[1] = assistant("Ok.", tool_calls=[call("c", "f", None)])
-        out = apply_chat_template(messages, add_generation_prompt=True)
-        self.assertIn('<｜DSML｜parameter name="arguments" string="false">null<', out)
+        # What is not an object is one parameter (DeepSeek's: null, text not JSON).
+        for arguments, value in (
+            (None, "null"),
+            ("[1, 2]", "[1, 2]"),
+            ([1, 2], "[1, 2]"),
+        ):
+            messages[1] = assistant("Ok.", tool_calls=[call("c", "f", arguments)])
+            out = apply_chat_template(messages, add_generation_prompt=True)
+            parameter = f'<｜DSML｜parameter name="arguments" string="false">{value}<'
+            self.assertIn(parameter, out)
 
     def test_tools_given_as_functions_render_as_their_schemas(self):
         def get_weather(city: str, days: int):

@@ -83,7 +83,10 @@ def encode_arguments_to_dsml(tool_call: Dict[str, Any]) -> str:
         try:
             arguments = json.loads(arguments)
         except (TypeError, ValueError):
-            arguments = {"arguments": arguments}
+            pass
+    # What is not an object is one parameter, as DeepSeek's for text not JSON
+    if not isinstance(arguments, dict):
+        arguments = {"arguments": arguments}
     parameters = []
     for name, value in arguments.items():
         string = "true" if isinstance(value, str) else "false"
