@@ -701,7 +701,6 @@ def batch_oracle(args, config, model, dmodel=None):
     mx.random.seed(args.seed + 5)
     vocab, B = config["vocab_size"], args.batch
     prompts = [mx.random.randint(0, vocab, (args.context,)).tolist() for _ in range(B)]
-    _, a = geometric(5, args.block_mean, random.Random(0))
     # name: (target, drafts a round, acceptance of a row, inner drafter)
     drafters = {"plain": None}
     rates = MTP_RATES[:2]
@@ -712,7 +711,10 @@ def batch_oracle(args, config, model, dmodel=None):
         lambda rng: per_position(rates, rng),
         MTPDrafter,
     )
-    block = lambda rng: geometric(5, args.block_mean, rng)[0]  # noqa: E731
+
+    def block(rng):
+        return geometric(5, args.block_mean, rng)[0]
+
     if dmodel is not None:
         drafters[f"DSpark block 5, mean {args.block_mean:g}"] = (
             dmodel,

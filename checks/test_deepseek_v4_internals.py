@@ -60,6 +60,19 @@ except ImportError:
 
 class TestDeepseekV4Internals(unittest.TestCase):
 
+    def test_one_expert_a_token_takes_the_whole_routed_weight(self):
+        # The top-k weights are normalized for any k, as DeepSeek's and
+        # transformers' routers normalize them (V4.1's skips k = 1).
+        args = deepseek_v4.ModelArgs.from_dict(
+            {**TINY_CONFIG, "num_experts_per_tok": 1}
+        )
+        router = deepseek_v4.Router(args)
+        mx.random.seed(3)
+        router.weight = mx.random.normal(router.weight.shape)
+        _, weights = router(mx.random.normal((1, 5, args.hidden_size)))
+        scale = mx.full(weights.shape, args.routed_scaling_factor)
+        self.assertTrue(mx.allclose(weights, scale))
+
     def test_nested_rope_parameters_are_read(self):
         config = dict(TINY_CONFIG)
         config["rope_parameters"] = {
