@@ -779,6 +779,7 @@ def batch_oracle(args, config, model, dmodel=None):
                     if fed == truth:
                         break
                     truth = fed
+                    print(f"  {name}, run {r}: own tokens fed back", flush=True)
                 truths[name, r] = truth
     rate = {name: [] for name in drafters}
     mismatch = {name: 0 for name in drafters}
@@ -788,6 +789,8 @@ def batch_oracle(args, config, model, dmodel=None):
             elapsed, tokens, truth = once(name, r, args.tokens, truths.get((name, r)))
             n = [len(t) for t in tokens]
             rate[name].append(sum(n) / elapsed)
+            # Each run as it ends: a run cut by a time limit keeps the rest.
+            print(f"  {name}, run {r}: {rate[name][-1]:.2f} tok/s", flush=True)
             per_row[name].append([x / args.tokens for x in n])
             mismatch[name] += sum(
                 a != b for row, want in zip(tokens, truth) for a, b in zip(row, want)
