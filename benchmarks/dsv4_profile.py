@@ -51,7 +51,7 @@ from mlx_lm.models import cache as cache_module
 from mlx_lm.models import deepseek_v4 as model_module
 
 # Methods timed besides each module's __call__, where a class defines them.
-METHODS = ("collapse", "expand", "apply_branch", "_dense", "_output")
+METHODS = ("collapse", "expand", "apply_branch", "_dense", "_sparse", "_output")
 CACHE_METHODS = ("update_and_fetch", "update_pool", "forward_rows", "row_spans")
 ROWS_METHODS = ("slots", "window_mask", "bands", "entries")
 
@@ -365,6 +365,9 @@ def main():
     parser.add_argument("--tiny", action="store_true", help="tiny sizes for a CPU")
     parser.add_argument("--dtype", default="bfloat16")
     parser.add_argument("--peer", action="store_true", help="also mlx-vlm's model")
+    parser.add_argument(
+        "--peer-exact-indexer", action="store_true", help="mlx-vlm's exact top-k"
+    )
     parser.add_argument("--decode", action="store_true", help="one decode step")
     parser.add_argument("--steps", type=int, default=10, help="decode steps timed")
     parser.add_argument("--warmup", type=int, default=4, help="decode steps first")
@@ -380,7 +383,8 @@ def main():
     run = decode_profile if args.decode else profile
     run("fork", model, forward_fn(model, False), args, config["vocab_size"])
     if args.peer:
-        peer = make_peer(config, tree_flatten(model.parameters()))
+        weights = tree_flatten(model.parameters())
+        peer = make_peer(config, weights, args.peer_exact_indexer)
         run("mlx-vlm", peer, forward_fn(peer, True), args, config["vocab_size"])
 
 

@@ -1,0 +1,527 @@
+# Copyright © 2026 Apple Inc.
+"""Concurrent requests to ``mlx_lm.server --mtp`` against the same server
+without it, with oracle drafters at the published acceptance.
+
+Builds two DeepSeek-V4 folders on one target (``dsv4_verify.py``'s random
+weights): one with its MTP block, one with a DSpark drafter (V4-Flash-0731's
+layout). Each prompt's plain greedy continuation (one row, ``generate_step``)
+is computed first. Then three servers run: the target without ``--mtp``,
+with ``--mtp`` (MTP, ``--mtp-k`` drafts a round) and with ``--mtp`` on the
+DSpark folder (``--dspark-block`` drafts). In the two drafting servers the
+model's drafter is wrapped by an oracle: the drafter runs (so a round costs
+what its compute costs) and its drafts are replaced by the request's plain
+tokens, right up to a count drawn for the request at that position (MTP:
+70% / 29% for the first / second draft; DSpark: a geometric block of mean
+``--block-mean`` tokens a round), wrong after. Each request finds its plain
+tokens by the prompt tokens the drafter saw, so rows join and leave the
+batch as the server schedules them.
+
+Each run sends ``--requests`` completions at once (prompts and answers of
+different lengths, so rows leave the batch at different times; greedy), new
+prompts every run, to each server in turn, ``--repeat`` times. It prints
+the aggregate tok/s (all answers' tokens over the wall time from the first
+request to the last answer) and the per-request decode tok/s (tokens after
+the first over the time between the first and the last streamed chunk),
+medians (min-max) of the runs, the tokens a round the rows kept, the
+answers that differ from the plain server's (warm-up included) and the
+oracle's notes (a request whose tokens left its plain ones, one not found).
+
+    python benchmarks/dsv4_server_oracle.py --tiny --layers 43 --repeat 3
+"""
+
+import argparse
+import json
+import random
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+import mlx.core as mx
+from dsv4_verify import MTP_RATES, build, build_dspark, geometric, per_position
+from long_decode import make_tokenizer
+
+from mlx_lm.models.cache import DrafterCache
+from mlx_lm.models.drafters import Drafter
+
+# The prompt tokens a row's drafter keeps to find its request.
+TAIL = 16
+# A drafting server's rows' rounds and the tokens they kept, so far.
+ROUNDS = [0, 0]
+WORDS = (
+    "the quick brown fox jumps over lazy dog long generations must not grow "
+    "graph behind cache write story about lighthouse keeper and sea server "
+    "request answer token model numbers weather function paris london think"
+).split()
+
+
+class OracleCache(DrafterCache):
+    """Per row: the tokens the target consumed, the last ``TAIL`` of them
+    the drafter saw in a prompt, and the request (index of its plain
+    tokens) once found."""
+
+    def __init__(self, offsets=(0,), tails=((),), requests=(None,)):
+        self.offsets, self.tails = list(offsets), list(tails)
+        self.requests = list(requests)
+
+    @property
+    def state(self):
+        return []
+
+    @state.setter
+    def state(self, v):
+        pass
+
+    @property
+    def nbytes(self):
+        return 0
+
+    def is_trimmable(self):
+        return True
+
+    @property
+    def row_max_trim(self):
+        return list(self.offsets)
+
+    @property
+    def max_trim(self):
+        return min(self.offsets, default=0)
+
+    def trim_rows(self, counts):
+        counts = list(counts)
+        self.offsets = [o - n for o, n in zip(self.offsets, counts)]
+        self.tails = [t[: max(len(t) - n, 0)] for t, n in zip(self.tails, counts)]
+        return True
+
+    def trim(self, n):
+        n = min(n, self.max_trim)
+        self.trim_rows([n] * len(self.offsets))
+        return n
+
+    def size(self):
+        return max(self.offsets, default=0)
+
+    def empty(self):
+        return not any(self.offsets)
+
+    def prepare(self, **kwargs):
+        pass
+
+    def finalize(self):
+        pass
+
+    @classmethod
+    def merge(cls, caches):
+        return cls(
+            [o for c in caches for o in c.offsets],
+            [t for c in caches for t in c.tails],
+            [r for c in caches for r in c.requests],
+        )
+
+    def filter(self, batch_indices):
+        rows = list(batch_indices)
+        self.offsets = [self.offsets[i] for i in rows]
+        self.tails = [self.tails[i] for i in rows]
+        self.requests = [self.requests[i] for i in rows]
+
+    def extend(self, other):
+        self.offsets += other.offsets
+        self.tails += other.tails
+        self.requests += other.requests
+
+    def extract(self, idx):
+        return OracleCache([self.offsets[idx]], [self.tails[idx]], [self.requests[idx]])
+
+
+class ServerOracleDrafter(Drafter):
+    """The model's drafter (``inner``) with its drafts replaced by each
+    request's plain tokens (``streams``: prompt and continuation), the
+    first ``accepted(request, position)`` of a round right."""
+
+    def __init__(self, inner, streams, accepted, vocab, stats=None):
+        self.inner, self.streams = inner, streams
+        self.accepted, self.vocab = accepted, vocab
+        # Where the rows' rounds and kept tokens (totals) are written.
+        self.stats = stats
+        self.return_hidden = inner.return_hidden
+        self._before = self._tokens = None
+
+    def make_cache(self):
+        return self.inner.make_cache() + [OracleCache()]
+
+    def check_cache(self, model_cache, cache):
+        self.inner.check_cache(model_cache, cache[:-1])
+        if not isinstance(cache[-1], OracleCache):
+            raise TypeError("The prompt cache lacks the oracle's entry.")
+
+    def prefill(self, cache, tokens, hidden, lengths):
+        self.inner.prefill(cache[:-1], tokens, hidden, lengths)
+        oracle = cache[-1]
+        for b, (row, n) in enumerate(zip(tokens.tolist(), lengths)):
+            oracle.offsets[b] += n
+            oracle.tails[b] = (oracle.tails[b] + tuple(row[:n]))[-TAIL:]
+
+    def _request(self, oracle, b):
+        if oracle.requests[b] is None:
+            offset, tail = oracle.offsets[b], oracle.tails[b]
+            found = [
+                i
+                for i, s in enumerate(self.streams)
+                if offset < len(s) and tuple(s[offset - len(tail) : offset]) == tail
+            ]
+            if len(found) != 1:
+                print(f"oracle: {len(found)} requests match a row", file=sys.stderr)
+            oracle.requests[b] = found[0] if len(found) == 1 else -1
+        return oracle.requests[b]
+
+    def draft(self, cache, inputs, num_draft, sample):
+        drafted, _ = self.inner.draft(cache[:-1], inputs, num_draft, sample)
+        N = drafted.shape[1]
+        oracle = cache[-1]
+        self._before = list(oracle.offsets)
+        found = [self._request(oracle, b) for b in range(len(oracle.offsets))]
+        if N == 0:
+            return drafted, None
+        rows = []
+        for i, offset in zip(found, oracle.offsets):
+            row = list(self.streams[i][offset + 1 : offset + 1 + N]) if i >= 0 else []
+            row += [0] * (N - len(row))
+            right = self.accepted(i, offset)
+            if right < N:
+                row[right] = (row[right] + 1) % self.vocab
+            rows.append(row)
+        return mx.array(rows, mx.uint32), None
+
+    def accept(self, cache, accepted, hidden, tokens):
+        self.inner.accept(cache[:-1], accepted, hidden, tokens)
+        oracle = cache[-1]
+        oracle.offsets = [o + tokens.shape[1] for o in oracle.offsets]
+        self._tokens = tokens
+
+    def trim(self, cache, counts):
+        self.inner.trim(cache[:-1], counts)
+        oracle = cache[-1]
+        oracle.trim_rows(counts)
+        # The round's tokens are on the host already (the loop's one sync).
+        tokens = self._tokens.tolist()
+        if self.stats is not None and len(tokens[0]) > 1:
+            ROUNDS[0] += len(tokens)
+            ROUNDS[1] += sum(len(t) - n for t, n in zip(tokens, counts))
+            self.stats.write_text(json.dumps(ROUNDS))
+        for b, (offset, n) in enumerate(zip(self._before, counts)):
+            i = oracle.requests[b]
+            if i < 0:
+                continue
+            kept = tokens[b][: len(tokens[b]) - n]
+            want = self.streams[i][offset + 1 : offset + 1 + len(kept)]
+            if kept[: len(want)] != want:
+                print(f"oracle: request {i} left its plain tokens", file=sys.stderr)
+                oracle.requests[b] = -1
+
+    def finish(self, cache):
+        self.inner.finish(cache[:-1])
+
+
+def acceptance(kind, args):
+    """accepted(request, position): the drafts right in a round, drawn
+    from the request's own generator at that position."""
+    if kind == "mtp":
+
+        def draw(rng):
+            return per_position(MTP_RATES[: args.mtp_k], rng)()
+
+    else:
+        a = geometric(args.dspark_block, args.block_mean, random.Random(0))[1]
+
+        def draw(rng):
+            n = 0
+            while n < args.dspark_block and rng.random() < a:
+                n += 1
+            return n
+
+    def accepted(request, position):
+        return draw(random.Random(f"{args.seed}/{request}/{position}"))
+
+    return accepted
+
+
+def serve(args, server_args):
+    """The server with the model's drafter wrapped by the oracle."""
+    from mlx_lm import server
+    from mlx_lm.models import deepseek_v4
+
+    streams = json.loads(Path(args.truth).read_text())
+    make = deepseek_v4.Model.make_drafter
+    accepted = acceptance(args.kind, args)
+
+    stats = Path(args.truth).with_name(f"{args.kind}-rounds.json")
+
+    def make_drafter(model):
+        inner = make(model)
+        vocab = model.args.vocab_size
+        return ServerOracleDrafter(inner, streams, accepted, vocab, stats)
+
+    deepseek_v4.Model.make_drafter = make_drafter
+    sys.argv = ["mlx_lm.server", *server_args]
+    server.main()
+
+
+def save_folder(path, config, model):
+    from mlx_lm.utils import save_model
+
+    from mlx_lm.chat_templates.deepseek_v4 import special_tokens
+
+    path.mkdir(parents=True, exist_ok=True)
+    save_model(path, model)
+    config = {k: v for k, v in config.items() if k != "mtp"}
+    (path / "config.json").write_text(json.dumps(config, indent=2))
+    make_tokenizer(path, config["vocab_size"], special_tokens, chat_template=None)
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_server(args, name, folder, extra, truth, log):
+    port = free_port()
+    cmd = [sys.executable, __file__, "--serve", "--truth", str(truth)]
+    cmd += ["--kind", name, "--seed", str(args.seed), "--mtp-k", str(args.mtp_k)]
+    cmd += ["--dspark-block", str(args.dspark_block)]
+    cmd += ["--block-mean", str(args.block_mean), "--"]
+    cmd += ["--model", str(folder), "--host", "127.0.0.1", "--port", str(port)]
+    cmd += ["--log-level", "WARNING", *extra]
+    process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 600
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the {name} server exited with {process.returncode}")
+        try:
+            with urllib.request.urlopen(url + "/health", timeout=5):
+                return process, url
+        except OSError:
+            time.sleep(0.5)
+    process.kill()
+    raise RuntimeError(f"the {name} server did not answer /health")
+
+
+def complete(url, prompt, max_tokens, out):
+    """One streamed greedy completion: its text, tokens, and the times of
+    its first and last chunks."""
+    body = {
+        "prompt": prompt,
+        "max_tokens": max_tokens,
+        "temperature": 0.0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    request = urllib.request.Request(
+        url + "/v1/completions",
+        data=json.dumps(body).encode(),
+        headers={"Content-Type": "application/json"},
+    )
+    text, tokens, first, last = [], None, None, None
+    with urllib.request.urlopen(request, timeout=3600) as response:
+        for line in response:
+            line = line.decode().strip()
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            if chunk.get("usage"):
+                tokens = chunk["usage"]["completion_tokens"]
+            for choice in chunk.get("choices", []):
+                if choice.get("text"):
+                    now = time.perf_counter()
+                    first = first or now
+                    last = now
+                    text.append(choice["text"])
+    out.update(text="".join(text), tokens=tokens, first=first, last=last)
+
+
+def run_requests(url, requests):
+    """All ``requests`` (prompt, max_tokens, delay) at once; returns the
+    wall time and each answer."""
+    answers = [{} for _ in requests]
+    start = time.perf_counter()
+
+    def one(i):
+        prompt, max_tokens, delay = requests[i]
+        time.sleep(delay)
+        complete(url, prompt, max_tokens, answers[i])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(requests))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return time.perf_counter() - start, answers
+
+
+def spread(values):
+    values = sorted(values)
+    return f"{statistics.median(values):.2f} ({values[0]:.2f}-{values[-1]:.2f})"
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--layers", type=int, default=43, help="43: Flash's schedule")
+    parser.add_argument("--experts", type=int, default=8)
+    parser.add_argument("--tiny", action="store_true", help="tiny sizes for a CPU")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--mtp-ratio", type=int, default=4)
+    parser.add_argument("--markov-rank", type=int, default=256)
+    parser.add_argument("--mtp-k", type=int, default=2)
+    parser.add_argument("--dspark-block", type=int, default=5)
+    parser.add_argument("--block-mean", type=float, default=3.0)
+    parser.add_argument("--requests", type=int, default=4)
+    parser.add_argument("--prompt-words", type=int, default=160)
+    parser.add_argument("--max-tokens", type=int, default=48)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--kind", help=argparse.SUPPRESS)
+    parser.add_argument("--truth", help=argparse.SUPPRESS)
+    argv = sys.argv[1:]
+    server_args = []
+    if "--" in argv:
+        at = argv.index("--")
+        argv, server_args = argv[:at], argv[at + 1 :]
+    args = parser.parse_args(argv)
+    if args.serve:
+        serve(args, server_args)
+        return
+
+    from mlx_lm.generate import generate_step
+
+    from mlx_lm import load
+
+    work = Path(tempfile.mkdtemp(prefix="dsv4_server_oracle_"))
+    config, model = build(args)
+    dconfig, dmodel = build_dspark(args, config, model)
+    save_folder(work / "mtp", config, model)
+    save_folder(work / "dspark", dconfig, dmodel)
+    del model, dmodel
+    print(
+        f"DeepSeek-V4: {config['num_hidden_layers']} layers, hidden "
+        f"{config['hidden_size']}, {config['n_routed_experts']} experts, "
+        f"{args.dtype}, {mx.default_device()}; folders in {work}"
+    )
+
+    # Every run's requests: prompts of different lengths, answers of
+    # different lengths, sent 0.1 s apart.
+    target, tokenizer = load(str(work / "mtp"))
+    rng = random.Random(args.seed)
+    runs, streams = [], []
+    for _ in range(args.repeat + 1):
+        requests = []
+        for i in range(args.requests):
+            words = args.prompt_words * (i + 2) // 2
+            prompt = " ".join(rng.choice(WORDS) for _ in range(words))
+            max_tokens = args.max_tokens * (i + 2) // 2
+            requests.append((prompt, max_tokens, 0.1 * i))
+            ids = tokenizer.encode(prompt)
+            answer = [
+                t
+                for (t, _), _ in zip(
+                    generate_step(mx.array(ids), target), range(max_tokens)
+                )
+            ]
+            streams.append(ids + answer)
+        runs.append(requests)
+    truth = work / "truth.json"
+    truth.write_text(json.dumps(streams))
+    del target
+    print(f"plain tokens of {len(streams)} prompts (one row, generate_step)")
+
+    servers = {
+        "plain": (work / "mtp", []),
+        f"MTP k={args.mtp_k}": (
+            work / "mtp",
+            ["--mtp", "--num-draft-tokens", str(args.mtp_k)],
+        ),
+        f"DSpark block {args.dspark_block}": (
+            work / "dspark",
+            ["--mtp", "--num-draft-tokens", str(args.dspark_block)],
+        ),
+    }
+    kinds = {"plain": "none", f"MTP k={args.mtp_k}": "mtp"}
+    processes, urls, logs = [], {}, {}
+    try:
+        for name, (folder, extra) in servers.items():
+            logs[name] = work / f"{name.split()[0]}.log"
+            process, urls[name] = start_server(
+                args,
+                kinds.get(name, "dspark"),
+                folder,
+                extra,
+                truth,
+                open(logs[name], "w"),
+            )
+            processes.append(process)
+        # Run 0 warms up: its answers are checked, not timed.
+        results = {name: [] for name in servers}
+        for r, requests in enumerate(runs):
+            for name in servers:
+                wall, answers = run_requests(urls[name], requests)
+                results[name].append((wall, answers))
+                total = sum(a["tokens"] for a in answers)
+                print(f"  run {r} {name}: {total / wall:.2f} tok/s", flush=True)
+    finally:
+        for process in processes:
+            process.terminate()
+        for process in processes:
+            process.wait()
+
+    print(
+        f"\n{args.requests} concurrent requests a run (prompts of "
+        f"{args.prompt_words}-{args.prompt_words * (args.requests + 1) // 2} words, "
+        f"answers of {args.max_tokens}-{args.max_tokens * (args.requests + 1) // 2} "
+        f"tokens), medians of {args.repeat} alternated runs (min-max); tokens "
+        "a round: the rows' mean over every round the server ran"
+    )
+    print(
+        f"{'server':18} {'aggregate tok/s':>22} {'x plain':>8} "
+        f"{'per-request tok/s':>22} {'x plain':>8} {'tokens a round':>15} "
+        f"{'!= plain':>9} {'oracle':>7}"
+    )
+    plain = results["plain"][1:]
+
+    def aggregate(runs_):
+        return [sum(a["tokens"] for a in answers) / wall for wall, answers in runs_]
+
+    def per_request(runs_):
+        return [
+            statistics.median(
+                (a["tokens"] - 1) / (a["last"] - a["first"]) for a in answers
+            )
+            for _, answers in runs_
+        ]
+
+    for name, all_runs in results.items():
+        runs_ = all_runs[1:]
+        agg, req = aggregate(runs_), per_request(runs_)
+        agg_x = statistics.median(a / b for a, b in zip(agg, aggregate(plain)))
+        req_x = statistics.median(a / b for a, b in zip(req, per_request(plain)))
+        differ = sum(
+            a["text"] != b["text"] or a["tokens"] != b["tokens"]
+            for (_, x), (_, y) in zip(all_runs, results["plain"])
+            for a, b in zip(x, y)
+        )
+        notes = logs[name].read_text().count("oracle:")
+        rounds = work / f"{kinds.get(name, 'dspark')}-rounds.json"
+        rows, kept = json.loads(rounds.read_text()) if rounds.exists() else (1, 1)
+        print(
+            f"{name:18} {spread(agg):>22} {agg_x:>8.2f} {spread(req):>22} "
+            f"{req_x:>8.2f} {kept / rows:>15.2f} {differ:>9} {notes:>7}"
+        )
+
+
+if __name__ == "__main__":
+    main()
