@@ -147,6 +147,9 @@ def build_dspark(args, config, model):
     ]
     dmodel.update(tree_unflatten(weights))
     mx.eval(dmodel.parameters())
+    # For inference, as load() leaves it: in training mode the hyper-connections
+    # run the Sinkhorn loop of ops in place of its kernel (CUDA, Metal).
+    dmodel.eval()
     return dconfig, dmodel
 
 
