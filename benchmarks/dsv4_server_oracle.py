@@ -32,9 +32,7 @@ oracle's notes (a request whose tokens left its plain ones, one not found).
 import argparse
 import json
 import random
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
@@ -45,6 +43,7 @@ from pathlib import Path
 import mlx.core as mx
 from dsv4_verify import MTP_RATES, build, build_dspark, geometric, per_position
 from long_decode import make_tokenizer
+from server_soak import free_port, start_server
 
 from mlx_lm.models.cache import DrafterCache
 from mlx_lm.models.drafters import Drafter
@@ -283,33 +282,16 @@ def save_folder(path, config, model):
     make_tokenizer(path, config["vocab_size"], special_tokens, chat_template=None)
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_server(args, name, folder, extra, truth, log):
+def launch(args, kind, folder, extra, truth, log):
+    """A server of ``folder`` whose drafter the oracle wraps (``kind``:
+    mtp, dspark or none), and its URL."""
+    launcher = [sys.executable, __file__, "--serve", "--truth", str(truth)]
+    launcher += ["--kind", kind, "--seed", str(args.seed), "--mtp-k", str(args.mtp_k)]
+    launcher += ["--dspark-block", str(args.dspark_block)]
+    launcher += ["--block-mean", str(args.block_mean), "--"]
     port = free_port()
-    cmd = [sys.executable, __file__, "--serve", "--truth", str(truth)]
-    cmd += ["--kind", name, "--seed", str(args.seed), "--mtp-k", str(args.mtp_k)]
-    cmd += ["--dspark-block", str(args.dspark_block)]
-    cmd += ["--block-mean", str(args.block_mean), "--"]
-    cmd += ["--model", str(folder), "--host", "127.0.0.1", "--port", str(port)]
-    cmd += ["--log-level", "WARNING", *extra]
-    process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 600
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise RuntimeError(f"the {name} server exited with {process.returncode}")
-        try:
-            with urllib.request.urlopen(url + "/health", timeout=5):
-                return process, url
-        except OSError:
-            time.sleep(0.5)
-    process.kill()
-    raise RuntimeError(f"the {name} server did not answer /health")
+    process = start_server(folder, port, log, launcher, extra)
+    return process, f"http://127.0.0.1:{port}"
 
 
 def complete(url, prompt, max_tokens, out):
@@ -456,7 +438,7 @@ def main():
     try:
         for name, (folder, extra) in servers.items():
             logs[name] = work / f"{name.split()[0]}.log"
-            process, urls[name] = start_server(
+            process, urls[name] = launch(
                 args,
                 kinds.get(name, "dspark"),
                 folder,

@@ -62,9 +62,14 @@ def free_port():
         return s.getsockname()[1]
 
 
-def start_server(folder, port, log):
-    cmd = [sys.executable, "-m", "mlx_lm", "server", "--model", str(folder)]
+def start_server(folder, port, log, launcher=None, extra=()):
+    """``mlx_lm.server`` on ``folder`` (``launcher``: the command line that
+    runs it in place of ``python -m mlx_lm server``; ``extra``: more of its
+    arguments), once it answers /health."""
+    launcher = launcher or [sys.executable, "-m", "mlx_lm", "server"]
+    cmd = [*launcher, "--model", str(folder)]
     cmd += ["--host", "127.0.0.1", "--port", str(port), "--log-level", "WARNING"]
+    cmd += list(extra)
     process = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}/health"
     deadline = time.monotonic() + 600
