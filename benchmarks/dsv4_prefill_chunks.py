@@ -19,11 +19,10 @@ entries the chunk ends at), then the tokens/s of the prefill up to each
 
 import argparse
 import statistics
-import time
 
 import mlx.core as mx
 from dsv4_speed import (
-    cache_arrays,
+    Driver,
     forward_fn,
     import_peer,
     make_config,
@@ -35,18 +34,12 @@ from mlx.utils import tree_flatten
 from mlx_lm.models import deepseek_v4
 
 
-def prefill(forward, model, prompt, step, weight_bytes):
+def prefill(driver, prompt, weight_bytes):
     """The seconds of each chunk and the peak memory above the weights."""
-    cache = model.make_cache()
     times = []
     mx.clear_cache()
     mx.reset_peak_memory()
-    for i in range(0, prompt.size, step):
-        tic = time.perf_counter()
-        forward(prompt[None, i : i + step], cache)
-        mx.eval(cache_arrays(cache))
-        times.append(time.perf_counter() - tic)
-        mx.clear_cache()
+    cache, _ = driver.prefill(prompt, times)
     peak = mx.get_peak_memory() - weight_bytes
     del cache
     mx.clear_cache()
@@ -86,16 +79,20 @@ def main():
         f"chunks of {args.prefill_step}, medians of {args.repeat} alternated runs"
     )
     variants = {}
+    fork = forward_fn(model, False)
     for entries in (int(s) for s in args.sparse_entries.split(",")):
-        variants[f"fork@{entries}"] = (model, forward_fn(model, False), entries)
+        name = f"fork@{entries}"
+        variants[name] = (Driver(name, model, fork, args.prefill_step), entries)
     if args.peer:
         peer = make_peer(config, weights, args.peer_exact_indexer)
         name = "mlx-vlm" + (" exact" if args.peer_exact_indexer else "")
-        variants[name] = (peer, forward_fn(peer, True), None)
+        peer_forward = forward_fn(peer, True)
+        variants[name] = (Driver(name, peer, peer_forward, args.prefill_step), None)
         print(f"peer: mlx-vlm {import_peer()[2]}, same weights")
 
     mx.random.seed(args.seed + 1)
-    prompt = mx.random.randint(0, config["vocab_size"], (args.length,))
+    # One more token than the chunks hold: the first decode step's input.
+    prompt = mx.random.randint(0, config["vocab_size"], (args.length + 1,))
     prompt = prompt.astype(mx.int32)
     mx.eval(prompt)
     default = deepseek_v4._SPARSE_ENTRIES
@@ -103,13 +100,11 @@ def main():
     # Run 0 warms up (kernels are built on first use) over three chunks: the
     # indexer's top-k starts past 512 entries.
     for r in range(args.repeat + 1):
-        tokens = prompt[: 3 * args.prefill_step] if r == 0 else prompt
-        for name, (m, forward, entries) in variants.items():
+        tokens = prompt[: 3 * args.prefill_step + 1] if r == 0 else prompt
+        for name, (driver, entries) in variants.items():
             deepseek_v4._SPARSE_ENTRIES = default if entries is None else entries
             try:
-                times, peak = prefill(
-                    forward, m, tokens, args.prefill_step, weight_bytes
-                )
+                times, peak = prefill(driver, tokens, weight_bytes)
             finally:
                 deepseek_v4._SPARSE_ENTRIES = default
             if r > 0:

@@ -69,14 +69,6 @@ class OracleCache(DrafterCache):
         self.requests = list(requests)
 
     @property
-    def state(self):
-        return []
-
-    @state.setter
-    def state(self, v):
-        pass
-
-    @property
     def nbytes(self):
         return 0
 
@@ -107,12 +99,6 @@ class OracleCache(DrafterCache):
 
     def empty(self):
         return not any(self.offsets)
-
-    def prepare(self, **kwargs):
-        pass
-
-    def finalize(self):
-        pass
 
     @classmethod
     def merge(cls, caches):
@@ -208,10 +194,9 @@ class ServerOracleDrafter(Drafter):
         oracle.trim_rows(counts)
         # The round's tokens are on the host already (the loop's one sync).
         tokens = self._tokens.tolist()
-        if self.stats is not None and len(tokens[0]) > 1:
+        if len(tokens[0]) > 1:
             ROUNDS[0] += len(tokens)
             ROUNDS[1] += sum(len(t) - n for t, n in zip(tokens, counts))
-            self.stats.write_text(json.dumps(ROUNDS))
         for b, (offset, n) in enumerate(zip(self._before, counts)):
             i = oracle.requests[b]
             if i < 0:
@@ -224,6 +209,9 @@ class ServerOracleDrafter(Drafter):
 
     def finish(self, cache):
         self.inner.finish(cache[:-1])
+        # A row done (the batch extracts its cache): the totals so far.
+        if self.stats is not None:
+            self.stats.write_text(json.dumps(ROUNDS))
 
 
 def acceptance(kind, args):

@@ -306,14 +306,18 @@ class Driver:
             logits = self.forward(y.reshape(1, -1), cache)[:, -1, :]
             return mx.argmax(logits, axis=-1).squeeze(0)
 
-    def prefill(self, prompt):
-        """A new cache holding ``prompt`` and the first token."""
+    def prefill(self, prompt, chunk_times=None):
+        """A new cache holding ``prompt`` and the first token; the seconds of
+        each chunk go to the list ``chunk_times`` where one is given."""
         cache = self.model.make_cache()
         with mx.stream(self.stream):
             while prompt.size > 1:
+                tic = time.perf_counter()
                 n = min(self.prefill_step, prompt.size - 1)
                 self.forward(prompt[None, :n], cache)
                 mx.eval(cache_arrays(cache))
+                if chunk_times is not None:
+                    chunk_times.append(time.perf_counter() - tic)
                 prompt = prompt[n:]
                 mx.clear_cache()
         y = self._step(prompt, cache)
