@@ -5,7 +5,8 @@ A DeepSeek-V4 forward over L <= 8 tokens takes the decode step's path with
 about as many primitives as one token (benchmarks/dsv4_verify.py), yet on an
 H200 it took 1.4-1.6x one token's time from L = 2 on, the same with every
 expert read at every L. This times, at Flash's per-layer shapes (bf16), the
-matmuls of one layer for M = 1, 2, 4, 8 rows (``--dtype``): each op ``--repeat`` times in
+matmuls of one layer for M = 1, 2, 4, 8 rows (``--dtype``; two of them also
+as ``w @ x.T``, row by row and in 4 bits): each op ``--repeat`` times in
 one graph (their results summed, so none is dropped), medians of
 ``--trials`` evaluations after a warm-up; and, for the model of
 dsv4_verify.py, the host's time to build a forward's graph against the time
@@ -57,6 +58,25 @@ def ops(rows, dtype):
     for name, k, n in DENSE:
         w = (0.02 * mx.random.normal((n, k))).astype(dtype)
         table[f"{name} {k}->{n}"] = (w, lambda x, w=w: x @ w.T, k)
+    # Other ways to the same rows (for M > 1, where a plain projection
+    # leaves MLX's one-row kernel): the weights as the left operand, one
+    # one-row matmul a row, and the weights in 4 bits (as convert -q).
+    for name, k, n in (DENSE[0], DENSE[3]):
+        w = table[f"{name} {k}->{n}"][0]
+        table[f"{name} as w @ x.T"] = (w, lambda x, w=w: (w @ x.T).T, k)
+        table[f"{name} row by row"] = (
+            w,
+            lambda x, w=w: mx.concatenate(
+                [x[i : i + 1] @ w.T for i in range(x.shape[0])]
+            ),
+            k,
+        )
+        q = mx.quantize(w, group_size=64, bits=4)
+        table[f"{name} 4-bit"] = (
+            q[0],
+            lambda x, q=q: mx.quantized_matmul(x, *q, group_size=64, bits=4),
+            k,
+        )
     # wo_a: 8 groups of 4096 features to 1024 each, one batched matmul.
     w = (0.02 * mx.random.normal((8, 4096, 1024))).astype(dtype)
     table["wo_a 8 x 4096->1024"] = (
@@ -89,6 +109,14 @@ def ops(rows, dtype):
         return out.reshape(m, -1)
 
     table["experts gather_mm sorted by expert"] = (w, experts_sorted, 4096)
+    q = mx.quantize(w, group_size=64, bits=4)
+
+    def experts_4bit(x, q=q):
+        m = x.shape[0]
+        out = mx.gather_qmm(x[:, None, None], *q, rhs_indices=idx[:m], bits=4)
+        return out.reshape(m, -1)
+
+    table["experts gather_qmm 4-bit"] = (q[0], experts_4bit, 4096)
     # One token's attention: the 64 heads' queries (x L) over 385 keys.
     keys = (0.02 * mx.random.normal((1, 385, 512))).astype(dtype)
     table["attention scores 64L x 512 . 385 keys"] = (
