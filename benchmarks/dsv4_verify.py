@@ -9,7 +9,10 @@ After a ``--context``-token prompt it prints:
   (L = ``--lengths``) against one token's, the lengths alternated in one
   process, each forward trimmed after and the cache one token further each
   round (so the forwards fall at every offset of the compression windows);
-  primitives are the mean over 8 consecutive offsets;
+  primitives are the mean over 8 consecutive offsets; ``--without`` times it
+  again with parts cut out (the compressors' pooling, the indexer's top-k,
+  the routed experts of all but the first token, the attention), each
+  alternated with the whole forward, to find what grows with L;
 - rounds (``--rounds``): ``speculative_generate_step``'s round with the MTP
   block at each ``--mtp-k`` (a list) drafts (random weights: nothing is
   accepted, so each round gives one token) against a plain ``generate_step``
@@ -73,6 +76,7 @@ After a ``--context``-token prompt it prints:
 """
 
 import argparse
+import contextlib
 import io
 import random
 import statistics
@@ -170,7 +174,34 @@ def primitives(model, cache, tokens):
     return f.getvalue().count("shape=rectangle")
 
 
+def cuts():
+    """--without: parts of the forward cut out (its output is then wrong),
+    to find what grows with L: name -> [(owner, attribute, replacement)]."""
+    from mlx_lm.models import deepseek_v4 as v4
+
+    windows, indexer, moe = v4.WindowRows.windows, v4.Indexer.__call__, v4.MoE.__call__
+
+    def no_pools(self, sizes):
+        return windows(self, sizes)[0], 0, None, None
+
+    def no_top_k(self, x, qr, cache, rows):
+        indexer(self, x, qr, cache, rows)
+        return None
+
+    def first_row_experts(self, x, input_ids):
+        return mx.broadcast_to(moe(self, x[:, :1], input_ids[:, :1]), x.shape)
+
+    return {
+        "pools": [(v4.WindowRows, "windows", no_pools)],
+        "top-k": [(v4.Indexer, "__call__", no_top_k)],
+        "experts": [(v4.MoE, "__call__", first_row_experts)],
+        "attention": [(v4.Attention, "__call__", lambda self, x, *a: x * 0)],
+    }
+
+
 def verify(args, config, model):
+    from unittest import mock
+
     from mlx_lm.models.cache import trim_prompt_cache
 
     lengths = [int(n) for n in args.lengths.split(",")]
@@ -185,26 +216,46 @@ def verify(args, config, model):
             prims[n].append(primitives(model, cache, mx.ones((1, n), mx.int32)))
             trim_prompt_cache(cache, n)
         mx.eval(model(one, cache))
-    times = {n: [] for n in lengths}
+    parts = cuts()
+    variants = {"": []}
+    for name in args.without.split(",") if args.without else []:
+        variants[f"without {name}"] = parts[name]
+    times = {(v, n): [] for v in variants for n in lengths}
     for r in range(args.verify_rounds + 2):
-        for n in lengths:
-            tokens = mx.random.randint(0, vocab, (1, n)).astype(mx.int32)
-            mx.eval(tokens)
-            tic = time.perf_counter()
-            mx.eval(model(tokens, cache))
-            if r >= 2:
-                times[n].append(time.perf_counter() - tic)
-            trim_prompt_cache(cache, n)
+        for v, patches in variants.items():
+            with contextlib.ExitStack() as stack:
+                for owner, name, fn in patches:
+                    stack.enter_context(mock.patch.object(owner, name, fn))
+                for n in lengths:
+                    tokens = mx.random.randint(0, vocab, (1, n)).astype(mx.int32)
+                    mx.eval(tokens)
+                    tic = time.perf_counter()
+                    mx.eval(model(tokens, cache))
+                    if r >= 2:
+                        times[v, n].append(time.perf_counter() - tic)
+                    trim_prompt_cache(cache, n)
         mx.eval(model(one, cache))
-    t1, p1 = statistics.median(times[1]), statistics.mean(prims[1])
+    t1, p1 = statistics.median(times["", 1]), statistics.mean(prims[1])
     print(
         f"verify after {args.context} tokens, medians of {args.verify_rounds} "
         "alternated forwards (time) and means over 8 offsets (primitives):"
     )
     print(f"{'L':>3} {'ms':>9} {'x one':>7} {'primitives':>11} {'x one':>7}")
     for n in lengths:
-        t, p = statistics.median(times[n]), statistics.mean(prims[n])
+        t, p = statistics.median(times["", n]), statistics.mean(prims[n])
         print(f"{n:>3} {t * 1e3:>9.2f} {t / t1:>7.2f} {p:>11.0f} {p / p1:>7.2f}")
+    if len(variants) > 1:
+        print(
+            "ms over L tokens less ms over one, the forward whole and with a part cut:"
+        )
+        print(f"{'':20}" + "".join(f"{'L=' + str(n):>9}" for n in lengths[1:]))
+        for v in variants:
+            one_t = statistics.median(times[v, lengths[0]])
+            cells = "".join(
+                f"{(statistics.median(times[v, n]) - one_t) * 1e3:>9.1f}"
+                for n in lengths[1:]
+            )
+            print(f"{v or 'whole':20}{cells}")
 
 
 class OracleDrafter(Drafter):
@@ -1117,6 +1168,10 @@ def parse_args(argv=None):
     parser.add_argument("--context", type=int, default=512, help="prompt tokens")
     parser.add_argument("--lengths", default="1,2,4,6,8")
     parser.add_argument("--verify-rounds", type=int, default=30)
+    parser.add_argument(
+        "--without",
+        help="the verify also with parts cut: pools, top-k, experts, attention",
+    )
     parser.add_argument("--no-verify", action="store_true")
     parser.add_argument("--rounds", action="store_true", help="MTP round cost")
     parser.add_argument("--mtp-k", default="2", help="MTP drafts, e.g. 1,2,3")
