@@ -31,7 +31,7 @@ HCA = "heavily_compressed_attention"
 _QUERY_BLOCK = 128
 _TOP_K_BLOCK = 512
 # Prompts over a CSA pool of more entries gather each query's own keys.
-_SPARSE_ENTRIES = 8192
+_SPARSE_ENTRIES = 6144
 # Forwards of up to this many tokens (decode, verify) take the compiled helpers.
 _STEP_ROWS = 8
 
