@@ -1212,6 +1212,9 @@ def parse_args(argv=None):
         args.mtp_ratio = 0 if args.peer else 4
     if args.bits and (args.peer or args.exactness):
         parser.error("--bits is not taken with --peer or --exactness")
+    parts = {"pools", "top-k", "experts", "attention"}
+    if args.without and not set(args.without.split(",")) <= parts:
+        parser.error(f"--without takes {', '.join(sorted(parts))}")
     return args
 
 
