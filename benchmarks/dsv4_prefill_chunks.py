@@ -11,7 +11,8 @@ many pool entries and mask the whole pool below it) and, with ``--peer``,
 for mlx-vlm 0.7.10 on the same weights. The variants alternate, ``--repeat``
 times. It prints the median ms of each chunk by variant (with the CSA pool
 entries the chunk ends at), then the tokens/s of the prefill up to each
-``--report`` length and its peak memory above the weights.
+``--report`` length and the whole ``--length``, and its peak memory above the
+weights.
 
     python3 benchmarks/dsv4_prefill_chunks.py --layers 43 --experts 8 \\
         --length 32768 --sparse-entries 8192,0 --peer --peer-exact-indexer
@@ -126,9 +127,8 @@ def main():
             row += f"{1e3 * statistics.median(t[c] for t, _ in runs[n]):>14.1f}"
         print(row)
     print("\nprefill tok/s up to each length, median (min-max) of the runs")
-    for length in (int(s) for s in args.report.split(",") if s):
-        if length > args.length:
-            continue
+    report = {int(s) for s in args.report.split(",") if s}
+    for length in sorted(n for n in report | {args.length} if n <= args.length):
         k = -(-length // step)
         row = f"{length:>13}"
         for n in names:
