@@ -46,7 +46,9 @@ After a ``--context``-token prompt it prints:
   ``--oracle-sets``
   picks the rows: ``published`` (MTP k=1..3 at 70% / 29% / 12% per
   position, the third extrapolated; with ``--dspark`` the real DSpark
-  drafter at block 5, mean ``--block-mean``), ``standin`` (the block of 5
+  drafter at block 5, mean ``--block-mean``), ``rejected`` (the same
+  drafters with every draft wrong: a round's cost with nothing accepted,
+  alternated with the rounds that accept), ``standin`` (the block of 5
   without drafter compute and with the stand-in stages), ``trained`` (the
   per-position acceptance of the tiny drafters trained by
   dsv4_dspark_train.py: DSpark at blocks 2..5 with the real drafter, MTP at
@@ -930,6 +932,14 @@ def oracle(args, config, model, dmodel=None):
                 "dspark",
                 args.block_mean,
             )
+    if "rejected" in sets:
+        # The same drafters with every draft wrong: a round's cost with
+        # nothing accepted, alternated with the rounds that accept.
+        never = rates_of(())
+        for k in (1, 2, 3):
+            drafters[f"MTP k={k}, none kept"] = (model, k, never, "mtp", 1.0)
+        if dmodel is not None:
+            drafters["DSpark block 5, none kept"] = (dmodel, 5, never, "dspark", 1.0)
     if "standin" in sets:
         m = args.block_mean
         drafters[f"block 5, mean {m:g}, no drafter"] = (model, 5, blocks(m), None, m)
@@ -1190,7 +1200,11 @@ def parse_args(argv=None):
         "--batch", type=int, help="a BatchGenerator's MTP round at B rows"
     )
     parser.add_argument("--oracle", action="store_true", help="oracle drafters")
-    parser.add_argument("--oracle-sets", default="published,standin,trained")
+    parser.add_argument(
+        "--oracle-sets",
+        default="published,standin,trained",
+        help="of published, rejected (nothing accepted), standin, trained",
+    )
     parser.add_argument(
         "--oracle-truth",
         choices=["plain", "self"],
