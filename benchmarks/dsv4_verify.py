@@ -759,7 +759,8 @@ def batch_oracle(args, config, model, dmodel=None):
     mx.random.seed(args.seed + 5)
     vocab, B = config["vocab_size"], args.batch
     prompts = [mx.random.randint(0, vocab, (args.context,)).tolist() for _ in range(B)]
-    # name: (target, drafts a round, acceptance of a row, inner drafter)
+    # name: (target, drafts a round, acceptance of a row, inner drafter,
+    # tokens a round)
     drafters = {"plain": None}
     rates = MTP_RATES[:2]
     label = "/".join(f"{r * 100:.0f}" for r in rates)
@@ -768,6 +769,7 @@ def batch_oracle(args, config, model, dmodel=None):
         2,
         lambda rng: per_position(rates, rng),
         MTPDrafter,
+        1 + sum(rates),
     )
 
     def block(rng):
@@ -779,12 +781,14 @@ def batch_oracle(args, config, model, dmodel=None):
             5,
             block,
             DSparkDrafter,
+            args.block_mean,
         )
     drafters[f"block 5, mean {args.block_mean:g}, no drafter"] = (
         model,
         5,
         block,
         None,
+        args.block_mean,
     )
 
     def generate(target, rounds, drafter=None, k=0):
@@ -812,7 +816,7 @@ def batch_oracle(args, config, model, dmodel=None):
         if spec is None:
             elapsed, tokens = generate(model, rounds)
             return elapsed, tokens, greedy[id(model)]
-        target, k, make, inner = spec
+        target, k, make, inner, _ = spec
         truth = truth or greedy[id(target)]
         accepted = [make(random.Random(seed * 131 + e)) for e in range(B)]
         inner = inner(target) if inner else None
@@ -840,6 +844,7 @@ def batch_oracle(args, config, model, dmodel=None):
                     print(f"  {name}, run {r}: own tokens fed back", flush=True)
                 truths[name, r] = truth
     rate = {name: [] for name in drafters}
+    round_time = {name: [] for name in drafters}
     mismatch = {name: 0 for name in drafters}
     per_row = {name: [] for name in drafters}
     for r in range(args.repeat):
@@ -847,6 +852,7 @@ def batch_oracle(args, config, model, dmodel=None):
             elapsed, tokens, truth = once(name, r, args.tokens, truths.get((name, r)))
             n = [len(t) for t in tokens]
             rate[name].append(sum(n) / elapsed)
+            round_time[name].append(elapsed)
             # Each run as it ends: a run cut by a time limit keeps the rest.
             print(f"  {name}, run {r}: {rate[name][-1]:.2f} tok/s", flush=True)
             per_row[name].append([x / args.tokens for x in n])
@@ -857,19 +863,26 @@ def batch_oracle(args, config, model, dmodel=None):
     print(
         f"batch oracle, {B} rows after {args.context} tokens, {args.tokens} "
         f"rounds a run, medians of {args.repeat} alternated runs (min-max); "
-        "tok/s of all rows:"
+        "tok/s of all rows; 'at the mean': the expected tokens a round over "
+        "the measured round time (in plain steps):"
     )
     print(
         f"{'':28} {'tok/s':>8} {'x plain':>16} "
-        f"{'tokens a round, by row':>28} {'!= ' + args.oracle_truth:>9}"
+        f"{'tokens a round, by row':>28} {'round/step':>11} {'at the mean':>12} "
+        f"{'!= ' + args.oracle_truth:>9}"
     )
     for name in drafters:
         ratios = sorted(x / y for x, y in zip(rate[name], rate["plain"]))
         rows = [statistics.mean(col) for col in zip(*per_row[name])]
+        mean = drafters[name][4] if drafters[name] else 1.0
+        cost = statistics.median(round_time[name]) / statistics.median(
+            round_time["plain"]
+        )
         print(
             f"{name:28} {statistics.median(rate[name]):>8.2f} "
             f"{statistics.median(ratios):>6.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f}) "
-            f"{' '.join(f'{x:.2f}' for x in rows):>28} {mismatch[name]:>9}"
+            f"{' '.join(f'{x:.2f}' for x in rows):>28} {cost:>11.2f} "
+            f"{mean / cost:>12.2f} {mismatch[name]:>9}"
         )
 
 
