@@ -24,6 +24,7 @@ import statistics
 import mlx.core as mx
 from dsv4_speed import (
     Driver,
+    device_name,
     forward_fn,
     import_peer,
     make_config,
@@ -76,7 +77,7 @@ def main():
     print(
         f"DeepSeek-V4 prefill chunks: {config['num_hidden_layers']} layers, "
         f"{config['n_routed_experts']} experts, {args.dtype}, "
-        f"{mx.default_device()}, mlx {mx.__version__}; {args.length} tokens in "
+        f"{device_name()}, mlx {mx.__version__}; {args.length} tokens in "
         f"chunks of {args.prefill_step}, medians of {args.repeat} alternated runs"
     )
     variants = {}

@@ -35,6 +35,7 @@ import functools
 import importlib.util
 import io
 import math
+import os
 import statistics
 import sys
 import time
@@ -180,6 +181,16 @@ def make_fork(config, weights=None, dtype=mx.bfloat16, seed=0):
     # For inference, as load() leaves it (training runs the Sinkhorn loop).
     model.eval()
     return model
+
+
+def device_name():
+    """The device, and on CUDA whether MLX's CUDA graphs are on (they move a
+    decode step's time by up to 3x: docs/benchmarks.md)."""
+    name = str(mx.default_device())
+    if mx.default_device() == mx.gpu and mx.cuda.is_available():
+        off = os.environ.get("MLX_USE_CUDA_GRAPHS", "1") in ("0", "false")
+        name += f", CUDA graphs {'off' if off else 'on'}"
+    return name
 
 
 @functools.cache
@@ -742,7 +753,7 @@ def main():
         f"DeepSeek-V4: {config['num_hidden_layers']} layers "
         f"{config['compress_ratios']}, hidden {config['hidden_size']}, "
         f"{config['n_routed_experts']} experts top-{config['num_experts_per_tok']}, "
-        f"{args.dtype}, device {mx.default_device()}, "
+        f"{args.dtype}, device {device_name()}, "
         f"decode {'one step at a time' if args.serial else 'pipelined'}"
     )
     if args.peer:

@@ -95,6 +95,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 from dsv4_speed import (  # noqa: E402
     OVERRIDES,
     Driver,
+    device_name,
     forward_fn,
     import_peer,
     make_config,
@@ -1254,7 +1255,7 @@ def main():
         f"DeepSeek-V4: {layers} layers, hidden "
         f"{config['hidden_size']}, {config['n_routed_experts']} experts "
         f"top-{config['num_experts_per_tok']}, {args.dtype}, device "
-        f"{mx.default_device()}; MTP layer compress ratio {args.mtp_ratio}"
+        f"{device_name()}; MTP layer compress ratio {args.mtp_ratio}"
     )
     dconfig = dmodel = peer = None
     if args.dspark:
