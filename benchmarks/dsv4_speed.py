@@ -190,6 +190,9 @@ def device_name():
     if mx.default_device() == mx.gpu and mx.cuda.is_available():
         off = os.environ.get("MLX_USE_CUDA_GRAPHS", "1") in ("0", "false")
         name += f", CUDA graphs {'off' if off else 'on'}"
+        for var in ("MLX_CUDA_GRAPH_CACHE_SIZE", "MLX_MAX_OPS_PER_BUFFER"):
+            if var in os.environ and not off:
+                name += f", {var}={os.environ[var]}"
     return name
 
 
