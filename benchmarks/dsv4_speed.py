@@ -36,6 +36,7 @@ import importlib.util
 import io
 import math
 import os
+import re
 import statistics
 import sys
 import time
@@ -188,7 +189,9 @@ def device_name():
     decode step's time by up to 3x: docs/benchmarks.md)."""
     name = str(mx.default_device())
     if mx.default_device() == mx.gpu and mx.cuda.is_available():
-        off = os.environ.get("MLX_USE_CUDA_GRAPHS", "1") in ("0", "false")
+        # MLX reads the variable with atoi: anything but a nonzero number is off.
+        value = re.match(r"\s*[+-]?\d+", os.environ.get("MLX_USE_CUDA_GRAPHS", "1"))
+        off = not (value and int(value.group()))
         name += f", CUDA graphs {'off' if off else 'on'}"
         for var in ("MLX_CUDA_GRAPH_CACHE_SIZE", "MLX_MAX_OPS_PER_BUFFER"):
             if var in os.environ and not off:

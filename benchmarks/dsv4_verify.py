@@ -1243,6 +1243,9 @@ def parse_args(argv=None):
     parts = {"pools", "top-k", "experts", "attention"}
     if args.without and not set(args.without.split(",")) <= parts:
         parser.error(f"--without takes {', '.join(sorted(parts))}")
+    sets = {"published", "rejected", "standin", "trained"}
+    if not set(args.oracle_sets.split(",")) <= sets:
+        parser.error(f"--oracle-sets takes {', '.join(sorted(sets))}")
     return args
 
 
