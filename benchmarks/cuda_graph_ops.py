@@ -3,11 +3,13 @@
 graphs on and off.
 
 MLX's CUDA backend records the kernels of an evaluation into CUDA graphs of
-``MLX_MAX_OPS_PER_BUFFER`` ops (30 on an H100 or H200) and launches a cached
+``MLX_MAX_OPS_PER_BUFFER`` ops (100 on an H100 or H200) and launches a cached
 executable where a graph's shape repeats; matmuls go through cuBLAS, whose
 kernels it captures as child graphs. With ``MLX_USE_CUDA_GRAPHS=0`` each
 kernel is launched on its own. On an H100 a 43-layer bf16 decode step took
-about 2.8x as long with the graphs as without (docs/benchmarks.md). This
+about 2.8x as long with the graphs as without where a process alternated
+several kinds of forwards (docs/benchmarks.md; dsv4_cuda_calls.py counts the
+graph instantiations behind it). This
 script times each kind of op the step runs, at Flash's widths, ``--copies``
 independent calls in one evaluation, in child processes with the graphs on
 and off, alternated ``--runs`` times, and prints the median microseconds a

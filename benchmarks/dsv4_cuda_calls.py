@@ -1,0 +1,128 @@
+# Copyright © 2026 Apple Inc.
+"""The CUDA calls behind DeepSeek-V4's decode loops: graph instantiations,
+updates and launches, kernel launches, counted with torch's profiler (CUPTI).
+
+MLX's CUDA backend records an evaluation's kernels into CUDA graphs and keeps
+the executables of the last ``MLX_CUDA_GRAPH_CACHE_SIZE`` (400) graph shapes:
+a graph of a shape it holds is updated in place, any other is instantiated
+(milliseconds each). This script runs ``dsv4_verify.py --rounds``' variants
+alternated in one process, as that script does (a plain ``generate_step``, a
+step one at a time, MTP and DSpark rounds, each after a prefill of
+``--context`` tokens), profiles each run, and prints its time a round with
+the calls it made and their host milliseconds (the prefill's included; the
+``prefill`` variant gives those alone). ``--kernels`` lists each variant's
+kernels once. Run it once per graph setting:
+
+    [env MLX_USE_CUDA_GRAPHS=0 | MLX_CUDA_GRAPH_CACHE_SIZE=4000] \\
+        python3 benchmarks/dsv4_cuda_calls.py --layers 43 --experts 8 --tokens 16
+
+Needs torch with CUDA beside MLX's CUDA build (on a CPU the counts are empty).
+"""
+
+import sys
+import time
+
+import mlx.core as mx
+from dsv4_speed import device_name
+from dsv4_verify import build, build_dspark, parse_args, prefill, run
+from long_decode import cache_arrays
+
+CALLS = (
+    "cudaGraphInstantiate",
+    "cudaGraphExecUpdate",
+    "cudaGraphLaunch",
+    "cudaGraphAddKernelNode",
+    "cudaStreamBeginCapture",
+    "cudaLaunchKernelExC",
+    "cuLaunchKernelEx",
+)
+
+
+def variants(args, config, model, dmodel):
+    from mlx_lm.generate import generate_step, speculative_generate_step
+
+    mx.random.seed(args.seed + 1)
+    prompt = mx.random.randint(0, config["vocab_size"], (args.context,))
+    prompt = prompt.astype(mx.int32)
+
+    def prefill_only(n):
+        mx.eval(cache_arrays(prefill(model, prompt)))
+        return 0.0
+
+    def plain(n):
+        return run(generate_step(prompt, model, max_tokens=n))[2]
+
+    def one_at_a_time(n):
+        cache, y = prefill(model, prompt[:-1]), prompt[None, -1:]
+        mx.eval(model(y, cache))
+        tic = time.perf_counter()
+        for _ in range(n):
+            y = model(y, cache)[:, -1:].argmax(-1)
+            mx.eval(y)
+        return (time.perf_counter() - tic) / n
+
+    def spec(target, k):
+        def time_round(n):
+            steps = speculative_generate_step(
+                prompt, target, mtp=True, num_draft_tokens=k, max_tokens=n
+            )
+            return run(steps)[2]
+
+        return time_round
+
+    out = {
+        "prefill": prefill_only,
+        "plain": plain,
+        "one at a time": one_at_a_time,
+        "MTP k=2": spec(model, 2),
+    }
+    if dmodel is not None:
+        out["DSpark 5"] = spec(dmodel, 5)
+    return out
+
+
+def main():
+    argv = sys.argv[1:]
+    kernels = "--kernels" in argv
+    args = parse_args([a for a in argv if a != "--kernels"] + ["--dspark"])
+    config, model = build(args)
+    _, dmodel = build_dspark(args, config, model)
+    print(f"{device_name()}; {args.tokens} tokens a run after {args.context}")
+
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
+    runs = variants(args, config, model, dmodel)
+    # The first pass builds each variant's kernels and graphs.
+    for fn in runs.values():
+        fn(16)
+    for r in range(args.repeat):
+        for name, fn in runs.items():
+            with profile(activities=activities) as prof:
+                t = fn(args.tokens)
+            events = {e.key: e for e in prof.key_averages()}
+            calls = ", ".join(
+                f"{k} {events[k].count} ({events[k].cpu_time_total / 1e3:.0f} ms)"
+                for k in CALLS
+                if k in events
+            )
+            print(f"{name:14} {t * 1e3:7.1f} ms a round | {calls}", flush=True)
+            if kernels and r == 0:
+                launched = [
+                    e
+                    for e in events.values()
+                    if getattr(e, "self_device_time_total", 0) > 0
+                    and not e.key.startswith("cu")
+                ]
+                count = sum(e.count for e in launched)
+                gpu = sum(e.self_device_time_total for e in launched) / 1e3
+                print(f"  {count} kernels, {gpu:.0f} ms of GPU time in the run")
+                for e in sorted(launched, key=lambda e: -e.count)[:30]:
+                    print(
+                        f"  {e.count:7d} {e.self_device_time_total / 1e3:7.1f} ms"
+                        f"  {e.key[:100]}"
+                    )
+
+
+if __name__ == "__main__":
+    main()
