@@ -11,7 +11,8 @@ step one at a time, MTP and DSpark rounds, each after a prefill of
 ``--context`` tokens), profiles each run, and prints its time a round with
 the calls it made and their host milliseconds (the prefill's included; the
 ``prefill`` variant gives those alone). ``--kernels`` lists each variant's
-kernels once. Run it once per graph setting:
+kernels once; ``--variants "Driver steps"`` runs plain steps alone (the
+``Driver`` loop of dsv4_speed.py, one cache from run to run). Run it once per graph setting:
 
     [env MLX_USE_CUDA_GRAPHS=0 | MLX_CUDA_GRAPH_CACHE_SIZE=4000] \\
         python3 benchmarks/dsv4_cuda_calls.py --layers 43 --experts 8 --tokens 16
@@ -19,11 +20,11 @@ kernels once. Run it once per graph setting:
 Needs torch with CUDA beside MLX's CUDA build (on a CPU the counts are empty).
 """
 
-import sys
+import argparse
 import time
 
 import mlx.core as mx
-from dsv4_speed import device_name
+from dsv4_speed import Driver, device_name, forward_fn
 from dsv4_verify import build, build_dspark, parse_args, prefill, run
 from long_decode import cache_arrays
 
@@ -36,6 +37,9 @@ CALLS = (
     "cudaLaunchKernelExC",
     "cuLaunchKernelEx",
 )
+
+
+VARIANTS = ["prefill", "plain", "one at a time", "MTP k=2", "DSpark 5", "Driver steps"]
 
 
 def variants(args, config, model, dmodel):
@@ -70,6 +74,17 @@ def variants(args, config, model, dmodel):
 
         return time_round
 
+    driver = Driver("steps", model, forward_fn(model, False), 2048)
+    state = {}
+
+    def driver_steps(n):
+        # dsv4_speed's Driver loop, the cache going on from run to run.
+        if not state:
+            state["cache"], state["y"] = driver.prefill(prompt)
+        tic = time.perf_counter()
+        state["y"] = driver.decode(state["y"], state["cache"], n)
+        return (time.perf_counter() - tic) / n
+
     out = {
         "prefill": prefill_only,
         "plain": plain,
@@ -78,13 +93,23 @@ def variants(args, config, model, dmodel):
     }
     if dmodel is not None:
         out["DSpark 5"] = spec(dmodel, 5)
+    out["Driver steps"] = driver_steps
     return out
 
 
 def main():
-    argv = sys.argv[1:]
-    kernels = "--kernels" in argv
-    args = parse_args([a for a in argv if a != "--kernels"] + ["--dspark"])
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--kernels", action="store_true")
+    parser.add_argument(
+        "--variants",
+        default=",".join(VARIANTS[:-1]),
+        help=f"comma-separated, of {VARIANTS}",
+    )
+    own, rest = parser.parse_known_args()
+    wanted = own.variants.split(",")
+    if unknown := set(wanted) - set(VARIANTS):
+        raise SystemExit(f"--variants: unknown {sorted(unknown)}; known {VARIANTS}")
+    args = parse_args(rest + ["--dspark"])
     config, model = build(args)
     _, dmodel = build_dspark(args, config, model)
     print(f"{device_name()}; {args.tokens} tokens a run after {args.context}")
@@ -93,6 +118,7 @@ def main():
 
     activities = [ProfilerActivity.CPU, ProfilerActivity.CUDA]
     runs = variants(args, config, model, dmodel)
+    runs = {name: runs[name] for name in wanted}
     # The first pass builds each variant's kernels and graphs.
     for fn in runs.values():
         fn(16)
@@ -107,7 +133,7 @@ def main():
                 if k in events
             )
             print(f"{name:14} {t * 1e3:7.1f} ms a round | {calls}", flush=True)
-            if kernels and r == 0:
+            if own.kernels and r == 0:
                 launched = [
                     e
                     for e in events.values()
