@@ -12,7 +12,8 @@ step one at a time, MTP and DSpark rounds, each after a prefill of
 the calls it made and their host milliseconds (the prefill's included; the
 ``prefill`` variant gives those alone). ``--kernels`` lists each variant's
 kernels once; ``--variants "Driver steps"`` runs plain steps alone (the
-``Driver`` loop of dsv4_speed.py, one cache from run to run). Run it once per graph setting:
+``Driver`` loop of dsv4_speed.py, one cache from run to run). Run it once
+per graph setting:
 
     [env MLX_USE_CUDA_GRAPHS=0 | MLX_CUDA_GRAPH_CACHE_SIZE=4000] \\
         python3 benchmarks/dsv4_cuda_calls.py --layers 43 --experts 8 --tokens 16
