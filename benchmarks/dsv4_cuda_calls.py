@@ -26,7 +26,14 @@ import time
 
 import mlx.core as mx
 from dsv4_speed import Driver, device_name, forward_fn
-from dsv4_verify import build, build_dspark, parse_args, prefill, run
+from dsv4_verify import (
+    build,
+    build_dspark,
+    one_at_a_time,
+    parse_args,
+    prefill,
+    run,
+)
 from long_decode import cache_arrays
 
 CALLS = (
@@ -57,15 +64,6 @@ def variants(args, config, model, dmodel):
     def plain(n):
         return run(generate_step(prompt, model, max_tokens=n))[2]
 
-    def one_at_a_time(n):
-        cache, y = prefill(model, prompt[:-1]), prompt[None, -1:]
-        mx.eval(model(y, cache))
-        tic = time.perf_counter()
-        for _ in range(n):
-            y = model(y, cache)[:, -1:].argmax(-1)
-            mx.eval(y)
-        return (time.perf_counter() - tic) / n
-
     def spec(target, k):
         def time_round(n):
             steps = speculative_generate_step(
@@ -89,7 +87,7 @@ def variants(args, config, model, dmodel):
     out = {
         "prefill": prefill_only,
         "plain": plain,
-        "one at a time": one_at_a_time,
+        "one at a time": lambda n: one_at_a_time(model, prompt, n),
         "MTP k=2": spec(model, 2),
     }
     if dmodel is not None:

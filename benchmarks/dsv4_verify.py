@@ -568,6 +568,18 @@ class Peer:
         return elapsed / max(rounds, 1), n / max(rounds, 1)
 
 
+def one_at_a_time(model, prompt, n):
+    """Seconds a plain step with no pipelining after ``prompt``: each token
+    evaluated before the next step is built (generate_step overlaps them)."""
+    cache, y = prefill(model, prompt[:-1]), prompt[None, -1:]
+    mx.eval(model(y, cache))
+    tic = time.perf_counter()
+    for _ in range(n):
+        y = model(y, cache)[:, -1:].argmax(-1)
+        mx.eval(y)
+    return (time.perf_counter() - tic) / n
+
+
 def driver_step(model, peer, prompt, tokens):
     """A pipelined greedy step of ``model`` through dsv4_speed's ``Driver``
     (``generate_step``'s loop; mlx-vlm's plain decoding is the same loop)."""
@@ -584,17 +596,6 @@ def rounds(args, config, model, dmodel=None, peer=None):
     mx.random.seed(args.seed + 1)
     prompt = mx.random.randint(0, config["vocab_size"], (args.context,))
     prompt = prompt.astype(mx.int32)
-
-    def one_at_a_time(n):
-        # Plain steps with no pipelining: each token evaluated before the
-        # next step is built (generate_step overlaps them).
-        cache, y = prefill(model, prompt[:-1]), prompt[None, -1:]
-        mx.eval(model(y, cache))
-        tic = time.perf_counter()
-        for _ in range(n):
-            y = model(y, cache)[:, -1:].argmax(-1)
-            mx.eval(y)
-        return (time.perf_counter() - tic) / n, 1.0
 
     def spec(target, k):
         def time_round(tokens):
@@ -626,7 +627,10 @@ def rounds(args, config, model, dmodel=None, peer=None):
         return time_round
 
     variants = {"plain step (generate_step)": plain(model)}
-    variants["plain step, one at a time"] = lambda n: one_at_a_time(n // 2)
+    variants["plain step, one at a time"] = lambda n: (
+        one_at_a_time(model, prompt, n // 2),
+        1.0,
+    )
     for k in ints(args.mtp_k):
         variants[f"MTP round, k={k}"] = spec(model, k)
     if dmodel is not None:
@@ -845,7 +849,8 @@ def batch_oracle(args, config, model, dmodel=None):
                     print(f"  {name}, run {r}: own tokens fed back", flush=True)
                 truths[name, r] = truth
     rate = {name: [] for name in drafters}
-    round_time = {name: [] for name in drafters}
+    # Each run is args.tokens rounds, so runs' times compare as rounds'.
+    run_time = {name: [] for name in drafters}
     mismatch = {name: 0 for name in drafters}
     per_row = {name: [] for name in drafters}
     for r in range(args.repeat):
@@ -853,7 +858,7 @@ def batch_oracle(args, config, model, dmodel=None):
             elapsed, tokens, truth = once(name, r, args.tokens, truths.get((name, r)))
             n = [len(t) for t in tokens]
             rate[name].append(sum(n) / elapsed)
-            round_time[name].append(elapsed)
+            run_time[name].append(elapsed)
             # Each run as it ends: a run cut by a time limit keeps the rest.
             print(f"  {name}, run {r}: {rate[name][-1]:.2f} tok/s", flush=True)
             per_row[name].append([x / args.tokens for x in n])
@@ -876,9 +881,7 @@ def batch_oracle(args, config, model, dmodel=None):
         ratios = sorted(x / y for x, y in zip(rate[name], rate["plain"]))
         rows = [statistics.mean(col) for col in zip(*per_row[name])]
         mean = drafters[name][4] if drafters[name] else 1.0
-        cost = statistics.median(round_time[name]) / statistics.median(
-            round_time["plain"]
-        )
+        cost = statistics.median(run_time[name]) / statistics.median(run_time["plain"])
         print(
             f"{name:28} {statistics.median(rate[name]):>8.2f} "
             f"{statistics.median(ratios):>6.2f} ({ratios[0]:.2f}-{ratios[-1]:.2f}) "
