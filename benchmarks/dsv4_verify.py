@@ -25,7 +25,9 @@ After a ``--context``-token prompt it prints:
   with its ``deepseek_v4_dspark`` drafter, over its ``LanguageModel`` and
   cache, prefilled as its ``generate_step`` prefills) and its plain step
   (the pipelined greedy loop of its ``generate_step``, on its model), all
-  alternated in one process;
+  alternated in one process; ``--hc-ab`` runs each of ours twice, with the
+  hyper-connection kernels (``MLX_LM_HC_KERNELS=1``'s path) and with the
+  ops, alternated, each against its own plain step;
 - batch (``--batch B``): a ``BatchGenerator``'s round with the MTP block
   at the first ``--mtp-k`` drafts a row over B rows against a plain batched
   step;
@@ -590,6 +592,29 @@ def driver_step(model, peer, prompt, tokens):
     return (time.perf_counter() - tic) / (tokens + 1)
 
 
+HC_KERNELS = "HC kernels: "
+
+
+def with_and_without_hc_kernels(variants):
+    """Each variant of ours with the hyper-connection kernels
+    (MLX_LM_HC_KERNELS=1's path) and with the ops, alternated."""
+    from mlx_lm.models import deepseek_v4
+
+    def use(fn, on):
+        def call(n):
+            deepseek_v4._HC_KERNELS = on
+            return fn(n)
+
+        return call
+
+    out = {}
+    for name, fn in variants.items():
+        out[name] = use(fn, False)
+        if not name.startswith("mlx-vlm"):
+            out[HC_KERNELS + name] = use(fn, True)
+    return out
+
+
 def rounds(args, config, model, dmodel=None, peer=None):
     from mlx_lm.generate import generate_step, speculative_generate_step
 
@@ -654,6 +679,8 @@ def rounds(args, config, model, dmodel=None, peer=None):
                 variants[f"mlx-vlm: DSpark round, block {b}"] = (
                     lambda n, b=b: peer.round_time("dspark", prompt, b, n)
                 )
+    if args.hc_ab:
+        variants = with_and_without_hc_kernels(variants)
     times = {name: [] for name in variants}
     per = {name: [] for name in variants}
     # The first of each warms up (compiled steps of every forward's length).
@@ -663,8 +690,6 @@ def rounds(args, config, model, dmodel=None, peer=None):
             if r:
                 times[name].append(t)
                 per[name].append(tokens_a_round)
-    step = statistics.median(times["plain step (generate_step)"])
-    one = statistics.median(times["plain step, one at a time"])
     # Issue 41's bars, in plain steps.
     bars = {"MTP round, k=2": 1.2, "DSpark round, block 5": 1.25}
     print(
@@ -674,18 +699,24 @@ def rounds(args, config, model, dmodel=None, peer=None):
         "(generate_step), 'x one': of a step one at a time; ratios of "
         "medians, and the range of the run-by-run ratios:"
     )
+    width = max(34, *map(len, variants))
     print(
-        f"{'':34} {'ms':>8} {'x step':>7} {'(range)':>13} {'x one':>6} "
+        f"{'':{width}} {'ms':>8} {'x step':>7} {'(range)':>13} {'x one':>6} "
         f"{'tok/round':>9} {'bar':>5}"
     )
-    plain_runs = times["plain step (generate_step)"]
     for name in variants:
+        # Against the plain steps of the same hyper-connections (--hc-ab).
+        prefix = HC_KERNELS if name.startswith(HC_KERNELS) else ""
+        plain_runs = times[prefix + "plain step (generate_step)"]
+        step = statistics.median(plain_runs)
+        one = statistics.median(times[prefix + "plain step, one at a time"])
         t = statistics.median(times[name])
         ratios = [a / b for a, b in zip(times[name], plain_runs)]
         span = f"{min(ratios):.2f}-{max(ratios):.2f}"
-        bar = f"{bars[name]:g}" if name in bars else ""
+        own = name.removeprefix(prefix)
+        bar = f"{bars[own]:g}" if own in bars else ""
         print(
-            f"{name:34} {t * 1e3:>8.1f} {t / step:>7.2f} {span:>13} "
+            f"{name:{width}} {t * 1e3:>8.1f} {t / step:>7.2f} {span:>13} "
             f"{t / one:>6.2f} {statistics.mean(per[name]):>9.2f} {bar:>5}"
         )
     if peer is not None:
@@ -1202,6 +1233,11 @@ def parse_args(argv=None):
     parser.add_argument("--no-verify", action="store_true")
     parser.add_argument("--rounds", action="store_true", help="MTP round cost")
     parser.add_argument("--mtp-k", default="2", help="MTP drafts, e.g. 1,2,3")
+    parser.add_argument(
+        "--hc-ab",
+        action="store_true",
+        help="--rounds with the hyper-connection kernels and without, alternated",
+    )
     parser.add_argument(
         "--mtp-ratio", type=int, help="the MTP layer's compress ratio (4; --peer: 0)"
     )
