@@ -27,6 +27,10 @@ answers that differ from the plain server's (warm-up included) and the
 oracle's notes (a request whose tokens left its plain ones, one not found).
 
     python benchmarks/dsv4_server_oracle.py --tiny --layers 43 --repeat 3
+
+The three servers run at once, each with its own copy of the weights: at
+Flash's widths in bf16 (``--dtype bfloat16``, about 0.65 GB a layer) 43
+layers need three times 28 GB.
 """
 
 import argparse
@@ -378,6 +382,8 @@ def main():
     save_folder(work / "mtp", config, model)
     save_folder(work / "dspark", dconfig, dmodel)
     del model, dmodel
+    # The servers share the device: this process keeps none of its memory.
+    mx.clear_cache()
     print(
         f"DeepSeek-V4: {config['num_hidden_layers']} layers, hidden "
         f"{config['hidden_size']}, {config['n_routed_experts']} experts, "
@@ -408,6 +414,7 @@ def main():
     truth = work / "truth.json"
     truth.write_text(json.dumps(streams))
     del target
+    mx.clear_cache()
     print(f"plain tokens of {len(streams)} prompts (one row, generate_step)")
 
     servers = {
