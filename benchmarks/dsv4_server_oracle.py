@@ -14,7 +14,13 @@ tokens, right up to a count drawn for the request at that position (MTP:
 70% / 29% for the first / second draft; DSpark: a geometric block of mean
 ``--block-mean`` tokens a round), wrong after. Each request finds its plain
 tokens by the prompt tokens the drafter saw, so rows join and leave the
-batch as the server schedules them.
+batch as the server schedules them. A batch in bf16 can round to other
+tokens than one row, and a row that left its plain tokens gets wrong drafts
+from there on; ``--oracle-truth self`` sends each run's requests to a
+drafting server first untimed, feeding the tokens its rows kept back as
+the oracle's until they repeat (at most 4 times), then times the run; the
+plain server gets them once untimed too, so each server's prompt cache holds
+the prompts of the runs it times.
 
 Each run sends ``--requests`` completions at once (prompts and answers of
 different lengths, so rows leave the batch at different times; greedy), new
@@ -24,7 +30,8 @@ request to the last answer) and the per-request decode tok/s (tokens after
 the first over the time between the first and the last streamed chunk),
 medians (min-max) of the runs, the tokens a round the rows kept, the
 answers that differ from the plain server's (warm-up included) and the
-oracle's notes (a request whose tokens left its plain ones, one not found).
+oracle's notes (a request whose tokens left the oracle's, one not found;
+the untimed passes' included).
 
     python benchmarks/dsv4_server_oracle.py --tiny --layers 43 --repeat 3
 
@@ -129,16 +136,34 @@ class OracleCache(DrafterCache):
 
 class ServerOracleDrafter(Drafter):
     """The model's drafter (``inner``) with its drafts replaced by each
-    request's plain tokens (``streams``: prompt and continuation), the
-    first ``accepted(request, position)`` of a round right."""
+    request's tokens (``truth``: a JSON file of prompt and continuation, read
+    again when it changes), the first ``accepted(request, position)`` of a
+    round right. The tokens the rows kept are written beside it
+    (``<kind>-seen.json``), for ``--oracle-truth self``."""
 
-    def __init__(self, inner, streams, accepted, vocab, stats=None):
-        self.inner, self.streams = inner, streams
+    def __init__(self, inner, truth, accepted, vocab, stats=None):
+        self.inner, self.truth = inner, Path(truth)
         self.accepted, self.vocab = accepted, vocab
         # Where the rows' rounds and kept tokens (totals) are written.
         self.stats = stats
+        self.seen_file = (
+            None
+            if stats is None
+            else stats.with_name(stats.name.replace("-rounds", "-seen"))
+        )
         self.return_hidden = inner.return_hidden
         self._before = self._tokens = None
+        self._mtime = None
+        self._read_truth()
+
+    def _read_truth(self):
+        mtime = self.truth.stat().st_mtime_ns
+        if mtime != self._mtime:
+            self._mtime = mtime
+            self.streams = json.loads(self.truth.read_text())
+            self.seen = [list(s) for s in self.streams]
+            # Requests whose tokens left the truth: wrong drafts from there.
+            self.left = set()
 
     def make_cache(self):
         return self.inner.make_cache() + [OracleCache()]
@@ -166,10 +191,13 @@ class ServerOracleDrafter(Drafter):
             if len(found) != 1:
                 print(f"oracle: {len(found)} requests match a row", file=sys.stderr)
             oracle.requests[b] = found[0] if len(found) == 1 else -1
+            self.left.discard(oracle.requests[b])
         return oracle.requests[b]
 
     def draft(self, cache, inputs, num_draft, sample):
         drafted, _ = self.inner.draft(cache[:-1], inputs, num_draft, sample)
+        # Each round: a prompt found in the server's cache skips the prefill.
+        self._read_truth()
         N = drafted.shape[1]
         oracle = cache[-1]
         self._before = list(oracle.offsets)
@@ -178,7 +206,8 @@ class ServerOracleDrafter(Drafter):
             return drafted, None
         rows = []
         for i, offset in zip(found, oracle.offsets):
-            row = list(self.streams[i][offset + 1 : offset + 1 + N]) if i >= 0 else []
+            right = i >= 0 and i not in self.left
+            row = list(self.streams[i][offset + 1 : offset + 1 + N]) if right else []
             row += [0] * (N - len(row))
             right = self.accepted(i, offset)
             if right < N:
@@ -206,16 +235,22 @@ class ServerOracleDrafter(Drafter):
             if i < 0:
                 continue
             kept = tokens[b][: len(tokens[b]) - n]
+            seen = self.seen[i]
+            end = min(offset + 1 + len(kept), len(seen))
+            seen[offset + 1 : end] = kept[: max(end - offset - 1, 0)]
+            if i in self.left:
+                continue
             want = self.streams[i][offset + 1 : offset + 1 + len(kept)]
             if kept[: len(want)] != want:
-                print(f"oracle: request {i} left its plain tokens", file=sys.stderr)
-                oracle.requests[b] = -1
+                print(f"oracle: request {i} left its tokens", file=sys.stderr)
+                self.left.add(i)
 
     def finish(self, cache):
         self.inner.finish(cache[:-1])
         # A row done (the batch extracts its cache): the totals so far.
         if self.stats is not None:
             self.stats.write_text(json.dumps(ROUNDS))
+            self.seen_file.write_text(json.dumps(self.seen))
 
 
 def acceptance(kind, args):
@@ -246,7 +281,6 @@ def serve(args, server_args):
     from mlx_lm import server
     from mlx_lm.models import deepseek_v4
 
-    streams = json.loads(Path(args.truth).read_text())
     make = deepseek_v4.Model.make_drafter
     accepted = acceptance(args.kind, args)
 
@@ -255,7 +289,7 @@ def serve(args, server_args):
     def make_drafter(model):
         inner = make(model)
         vocab = model.args.vocab_size
-        return ServerOracleDrafter(inner, streams, accepted, vocab, stats)
+        return ServerOracleDrafter(inner, args.truth, accepted, vocab, stats)
 
     deepseek_v4.Model.make_drafter = make_drafter
     sys.argv = ["mlx_lm.server", *server_args]
@@ -338,6 +372,24 @@ def run_requests(url, requests):
     return time.perf_counter() - start, answers
 
 
+def rounds_so_far(work, kind):
+    """A drafting server's rows' rounds and kept tokens, totals so far."""
+    path = work / f"{kind}-rounds.json"
+    return json.loads(path.read_text()) if path.exists() else [0, 0]
+
+
+def feed(work, kind, url, requests, name, run):
+    """--oracle-truth self: the requests sent (untimed) until the tokens
+    the server kept are the oracle's, each time fed back as its tokens."""
+    truth, seen = work / f"truth-{kind}.json", work / f"{kind}-seen.json"
+    for _ in range(4):
+        run_requests(url, requests)
+        if json.loads(seen.read_text()) == json.loads(truth.read_text()):
+            return
+        truth.write_text(seen.read_text())
+        print(f"  run {run} {name}: its own tokens fed back", flush=True)
+
+
 def spread(values):
     values = sorted(values)
     return f"{statistics.median(values):.2f} ({values[0]:.2f}-{values[-1]:.2f})"
@@ -361,6 +413,13 @@ def main():
     parser.add_argument("--repeat", type=int, default=3)
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--kind", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--oracle-truth",
+        choices=["plain", "self"],
+        default="plain",
+        help="the oracle's tokens: one-row greedy's, or the server's own "
+        "(in bf16 a batch can round to others; fed back until they repeat)",
+    )
     parser.add_argument("--truth", help=argparse.SUPPRESS)
     argv = sys.argv[1:]
     server_args = []
@@ -411,8 +470,10 @@ def main():
             ]
             streams.append(ids + answer)
         runs.append(requests)
-    truth = work / "truth.json"
-    truth.write_text(json.dumps(streams))
+    # Each drafting server's oracle reads its own file (--oracle-truth self
+    # rewrites it).
+    for kind in ("none", "mtp", "dspark"):
+        (work / f"truth-{kind}.json").write_text(json.dumps(streams))
     del target
     mx.clear_cache()
     print(f"plain tokens of {len(streams)} prompts (one row, generate_step)")
@@ -438,15 +499,25 @@ def main():
                 kinds.get(name, "dspark"),
                 folder,
                 extra,
-                truth,
+                work / f"truth-{kinds.get(name, 'dspark')}.json",
                 open(logs[name], "w"),
             )
             processes.append(process)
         # Run 0 warms up: its answers are checked, not timed.
         results = {name: [] for name in servers}
+        kept = {name: [0, 0] for name in servers}
         for r, requests in enumerate(runs):
             for name in servers:
+                kind = kinds.get(name, "dspark")
+                if args.oracle_truth == "self" and kind == "none":
+                    # As the drafting servers: the prompts in its cache.
+                    run_requests(urls[name], requests)
+                elif args.oracle_truth == "self":
+                    feed(work, kind, urls[name], requests, name, r)
+                before = rounds_so_far(work, kind)
                 wall, answers = run_requests(urls[name], requests)
+                after = rounds_so_far(work, kind)
+                kept[name] = [k + b - a for k, a, b in zip(kept[name], before, after)]
                 results[name].append((wall, answers))
                 total = sum(a["tokens"] for a in answers)
                 print(f"  run {r} {name}: {total / wall:.2f} tok/s", flush=True)
@@ -461,7 +532,7 @@ def main():
         f"{args.prompt_words}-{args.prompt_words * (args.requests + 1) // 2} words, "
         f"answers of {args.max_tokens}-{args.max_tokens * (args.requests + 1) // 2} "
         f"tokens), medians of {args.repeat} alternated runs (min-max); tokens "
-        "a round: the rows' mean over every round the server ran"
+        "a round: the rows' mean over the rounds of these runs and the warm-up"
     )
     print(
         f"{'server':18} {'aggregate tok/s':>22} {'x plain':>8} "
@@ -492,11 +563,10 @@ def main():
             for a, b in zip(x, y)
         )
         notes = logs[name].read_text().count("oracle:")
-        rounds = work / f"{kinds.get(name, 'dspark')}-rounds.json"
-        rows, kept = json.loads(rounds.read_text()) if rounds.exists() else (1, 1)
+        rows, tokens = kept[name] if kept[name][0] else (1, 1)
         print(
             f"{name:18} {spread(agg):>22} {agg_x:>8.2f} {spread(req):>22} "
-            f"{req_x:>8.2f} {kept / rows:>15.2f} {differ:>9} {notes:>7}"
+            f"{req_x:>8.2f} {tokens / rows:>15.2f} {differ:>9} {notes:>7}"
         )
 
 
