@@ -206,8 +206,8 @@ class ServerOracleDrafter(Drafter):
             return drafted, None
         rows = []
         for i, offset in zip(found, oracle.offsets):
-            right = i >= 0 and i not in self.left
-            row = list(self.streams[i][offset + 1 : offset + 1 + N]) if right else []
+            known = i >= 0 and i not in self.left
+            row = list(self.streams[i][offset + 1 : offset + 1 + N]) if known else []
             row += [0] * (N - len(row))
             right = self.accepted(i, offset)
             if right < N:
