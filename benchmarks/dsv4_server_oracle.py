@@ -36,8 +36,8 @@ the untimed passes' included).
     python benchmarks/dsv4_server_oracle.py --tiny --layers 43 --repeat 3
 
 The three servers run at once, each with its own copy of the weights: at
-Flash's widths in bf16 (``--dtype bfloat16``, about 0.65 GB a layer) 43
-layers need three times 28 GB.
+Flash's widths in bf16 (``--dtype bfloat16``) 43 layers with 8 experts
+need three times 29.7 GB.
 """
 
 import argparse
