@@ -29,10 +29,11 @@ from dsv4_speed import Driver, device_name, forward_fn
 from dsv4_verify import (
     build,
     build_dspark,
+    drafting_round,
     one_at_a_time,
     parse_args,
+    plain_step,
     prefill,
-    run,
 )
 from long_decode import cache_arrays
 
@@ -51,8 +52,6 @@ VARIANTS = ["prefill", "plain", "one at a time", "MTP k=2", "DSpark 5", "Driver 
 
 
 def variants(args, config, model, dmodel):
-    from mlx_lm.generate import generate_step, speculative_generate_step
-
     mx.random.seed(args.seed + 1)
     prompt = mx.random.randint(0, config["vocab_size"], (args.context,))
     prompt = prompt.astype(mx.int32)
@@ -61,17 +60,8 @@ def variants(args, config, model, dmodel):
         mx.eval(cache_arrays(prefill(model, prompt)))
         return 0.0
 
-    def plain(n):
-        return run(generate_step(prompt, model, max_tokens=n))[2]
-
     def spec(target, k):
-        def time_round(n):
-            steps = speculative_generate_step(
-                prompt, target, mtp=True, num_draft_tokens=k, max_tokens=n
-            )
-            return run(steps)[2]
-
-        return time_round
+        return lambda n: drafting_round(target, prompt, k, n)[0]
 
     driver = Driver("steps", model, forward_fn(model, False), 2048)
     state = {}
@@ -86,7 +76,7 @@ def variants(args, config, model, dmodel):
 
     out = {
         "prefill": prefill_only,
-        "plain": plain,
+        "plain": lambda n: plain_step(model, prompt, n),
         "one at a time": lambda n: one_at_a_time(model, prompt, n),
         "MTP k=2": spec(model, 2),
     }

@@ -582,6 +582,25 @@ def one_at_a_time(model, prompt, n):
     return (time.perf_counter() - tic) / n
 
 
+def plain_step(model, prompt, n):
+    """Seconds a ``generate_step`` step after ``prompt`` over ``n`` tokens."""
+    from mlx_lm.generate import generate_step
+
+    return run(generate_step(prompt, model, max_tokens=n))[2]
+
+
+def drafting_round(model, prompt, k, n):
+    """Seconds a round of ``speculative_generate_step(mtp=True)`` with ``k``
+    drafts after ``prompt`` over ``n`` tokens, and the tokens a round."""
+    from mlx_lm.generate import speculative_generate_step
+
+    steps = speculative_generate_step(
+        prompt, model, mtp=True, num_draft_tokens=k, max_tokens=n
+    )
+    rate, _, seconds = run(steps)
+    return seconds, rate * seconds
+
+
 def driver_step(model, peer, prompt, tokens):
     """A pipelined greedy step of ``model`` through dsv4_speed's ``Driver``
     (``generate_step``'s loop; mlx-vlm's plain decoding is the same loop)."""
@@ -616,42 +635,16 @@ def with_and_without_hc_kernels(variants):
 
 
 def rounds(args, config, model, dmodel=None, peer=None):
-    from mlx_lm.generate import generate_step, speculative_generate_step
-
     mx.random.seed(args.seed + 1)
     prompt = mx.random.randint(0, config["vocab_size"], (args.context,))
     prompt = prompt.astype(mx.int32)
 
     def spec(target, k):
-        def time_round(tokens):
-            steps = speculative_generate_step(
-                prompt, target, mtp=True, num_draft_tokens=k, max_tokens=tokens
-            )
-            items = list_timed(steps)
-            return items
+        return lambda n: drafting_round(target, prompt, k, n)
 
-        return time_round
-
-    def list_timed(steps):
-        # run()'s clock; the tokens a round from the drafter flags.
-        out, tic, rounds_ = [], None, 0
-        for n, item in enumerate(steps):
-            if n == 0:
-                tic = time.perf_counter()
-            else:
-                rounds_ += not item[2]
-            out.append(item)
-        elapsed = time.perf_counter() - tic
-        return elapsed / max(rounds_, 1), (len(out) - 1) / max(rounds_, 1)
-
-    def plain(target):
-        def time_round(tokens):
-            _, _, t = run(generate_step(prompt, target, max_tokens=tokens))
-            return t, 1.0
-
-        return time_round
-
-    variants = {"plain step (generate_step)": plain(model)}
+    variants = {
+        "plain step (generate_step)": lambda n: (plain_step(model, prompt, n), 1.0)
+    }
     variants["plain step, one at a time"] = lambda n: (
         one_at_a_time(model, prompt, n // 2),
         1.0,
