@@ -27,7 +27,10 @@ After a ``--context``-token prompt it prints:
   (the pipelined greedy loop of its ``generate_step``, on its model), all
   alternated in one process; ``--hc-ab`` runs each of ours twice, with the
   hyper-connection kernels (``MLX_LM_HC_KERNELS=1``'s path) and with the
-  ops, alternated, each against its own plain step;
+  ops, alternated, each against its own plain step; ``--attention-from
+  PATH`` likewise with ``Attention._dense`` of another deepseek_v4.py (a
+  parent commit's, staged by ``tools/fork.py stage``), which ``--exactness``
+  then measures too;
 - batch (``--batch B``): a ``BatchGenerator``'s round with the MTP block
   at the first ``--mtp-k`` drafts a row over B rows against a plain batched
   step;
@@ -612,16 +615,44 @@ def driver_step(model, peer, prompt, tokens):
 
 
 HC_KERNELS = "HC kernels: "
+OTHER_ATTENTION = "other attention: "
 
 
-def with_and_without_hc_kernels(variants):
-    """Each variant of ours with the hyper-connection kernels
-    (MLX_LM_HC_KERNELS=1's path) and with the ops, alternated."""
+def hc_kernels(on):
+    """The hyper-connection kernels (MLX_LM_HC_KERNELS=1's path) or the ops."""
     from mlx_lm.models import deepseek_v4
+
+    deepseek_v4._HC_KERNELS = on
+
+
+def attention_from(path):
+    """A switch between our ``Attention._dense`` and the one of another
+    deepseek_v4.py (a parent commit's, written by ``tools/fork.py stage``),
+    loaded beside ours as a module of the same package."""
+    import importlib.util
+
+    from mlx_lm.models import deepseek_v4
+
+    spec = importlib.util.spec_from_file_location(
+        "mlx_lm.models._deepseek_v4_other", path
+    )
+    other = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(other)
+    ours, theirs = deepseek_v4.Attention._dense, other.Attention._dense
+
+    def switch(on):
+        deepseek_v4.Attention._dense = theirs if on else ours
+
+    return switch
+
+
+def alternated(variants, prefix, switch):
+    """Each variant of ours twice, alternated: as it is and, under
+    ``prefix``, with ``switch(True)`` in force."""
 
     def use(fn, on):
         def call(n):
-            deepseek_v4._HC_KERNELS = on
+            switch(on)
             return fn(n)
 
         return call
@@ -630,7 +661,7 @@ def with_and_without_hc_kernels(variants):
     for name, fn in variants.items():
         out[name] = use(fn, False)
         if not name.startswith("mlx-vlm"):
-            out[HC_KERNELS + name] = use(fn, True)
+            out[prefix + name] = use(fn, True)
     return out
 
 
@@ -672,8 +703,13 @@ def rounds(args, config, model, dmodel=None, peer=None):
                 variants[f"mlx-vlm: DSpark round, block {b}"] = (
                     lambda n, b=b: peer.round_time("dspark", prompt, b, n)
                 )
+    prefix = ""
     if args.hc_ab:
-        variants = with_and_without_hc_kernels(variants)
+        prefix = HC_KERNELS
+        variants = alternated(variants, prefix, hc_kernels)
+    elif args.attention_from:
+        prefix = OTHER_ATTENTION
+        variants = alternated(variants, prefix, attention_from(args.attention_from))
     times = {name: [] for name in variants}
     per = {name: [] for name in variants}
     # The first of each warms up (compiled steps of every forward's length).
@@ -698,16 +734,16 @@ def rounds(args, config, model, dmodel=None, peer=None):
         f"{'tok/round':>9} {'bar':>5}"
     )
     for name in variants:
-        # Against the plain steps of the same hyper-connections (--hc-ab).
-        prefix = HC_KERNELS if name.startswith(HC_KERNELS) else ""
-        plain_runs = times[prefix + "plain step (generate_step)"]
+        # Against the plain steps of the same variant (--hc-ab, --attention-from).
+        own = prefix if prefix and name.startswith(prefix) else ""
+        plain_runs = times[own + "plain step (generate_step)"]
         step = statistics.median(plain_runs)
-        one = statistics.median(times[prefix + "plain step, one at a time"])
+        one = statistics.median(times[own + "plain step, one at a time"])
         t = statistics.median(times[name])
         ratios = [a / b for a, b in zip(times[name], plain_runs)]
         span = f"{min(ratios):.2f}-{max(ratios):.2f}"
-        own = name.removeprefix(prefix)
-        bar = f"{bars[own]:g}" if own in bars else ""
+        base = name.removeprefix(own)
+        bar = f"{bars[base]:g}" if base in bars else ""
         print(
             f"{name:{width}} {t * 1e3:>8.1f} {t / step:>7.2f} {span:>13} "
             f"{t / one:>6.2f} {statistics.mean(per[name]):>9.2f} {bar:>5}"
@@ -1119,6 +1155,7 @@ def verify_difference(model, prompt, rounds):
 def exactness(args):
     print("verify forward over 8 tokens against 8 one-token steps:")
     cpu = mx.default_device() == mx.cpu
+    switch = attention_from(args.attention_from) if args.attention_from else None
     _, model32 = build(args, "float32")
     for dtype in ("float32", "bfloat16"):
         # The same weights, the float32 ones rounded.
@@ -1126,16 +1163,22 @@ def exactness(args):
             model = model32
         else:
             model = bf16_like_the_gpu(build(args, dtype)[1])
-        mx.random.seed(args.seed + 3)
-        prompt = mx.random.randint(0, model.args.vocab_size, (args.context,))
-        worst, scale, differ, total = verify_difference(
-            model, prompt.astype(mx.int32), args.exactness_rounds
-        )
-        print(
-            f"  {dtype:8}: max |logit difference| {worst:.3e} (logits up to "
-            f"{scale:.2f}), argmax differs at {differ} of {total} positions"
-            + (" (experts float32)" if dtype != "float32" and cpu else "")
-        )
+        for other in (False, True) if switch else (False,):
+            if switch:
+                switch(other)
+            mx.random.seed(args.seed + 3)
+            prompt = mx.random.randint(0, model.args.vocab_size, (args.context,))
+            worst, scale, differ, total = verify_difference(
+                model, prompt.astype(mx.int32), args.exactness_rounds
+            )
+            print(
+                f"  {OTHER_ATTENTION if other else ''}{dtype:8}: max |logit "
+                f"difference| {worst:.3e} (logits up to {scale:.2f}), argmax "
+                f"differs at {differ} of {total} positions"
+                + (" (experts float32)" if dtype != "float32" and cpu else "")
+            )
+        if switch:
+            switch(False)
 
 
 def first_differences(model, prompts, tokens, drafters):
@@ -1230,6 +1273,12 @@ def parse_args(argv=None):
         "--hc-ab",
         action="store_true",
         help="--rounds with the hyper-connection kernels and without, alternated",
+    )
+    parser.add_argument(
+        "--attention-from",
+        metavar="PATH",
+        help="--rounds and --exactness also with Attention._dense of another "
+        "deepseek_v4.py (a parent commit's), alternated",
     )
     parser.add_argument(
         "--mtp-ratio", type=int, help="the MTP layer's compress ratio (4; --peer: 0)"
