@@ -37,7 +37,9 @@ the untimed passes' included).
 
 The three servers run at once, each with its own copy of the weights: at
 Flash's widths in bf16 (``--dtype bfloat16``) 43 layers with 8 experts
-need three times 29.7 GB.
+need three times 29.7 GB (on an 80 GB H100, 30 layers did not fit).
+``--one-at-a-time`` starts each server alone, runs its runs in a row and
+stops it before the next starts.
 """
 
 import argparse
@@ -342,6 +344,8 @@ def complete(url, prompt, max_tokens, out):
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
             chunk = json.loads(line[6:])
+            if "error" in chunk:
+                out["error"] = chunk["error"]
             if chunk.get("usage"):
                 tokens = chunk["usage"]["completion_tokens"]
             for choice in chunk.get("choices", []):
@@ -369,7 +373,14 @@ def run_requests(url, requests):
         t.start()
     for t in threads:
         t.join()
-    return time.perf_counter() - start, answers
+    wall = time.perf_counter() - start
+    for i, answer in enumerate(answers):
+        if "error" in answer or answer.get("tokens") is None:
+            raise RuntimeError(
+                f"request {i} to {url} failed: {answer.get('error', 'no tokens')} "
+                "(the server's log says why)"
+            )
+    return wall, answers
 
 
 def rounds_so_far(work, kind):
@@ -411,6 +422,12 @@ def main():
     parser.add_argument("--prompt-words", type=int, default=160)
     parser.add_argument("--max-tokens", type=int, default=48)
     parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument(
+        "--one-at-a-time",
+        action="store_true",
+        help="each server alone on the device, its runs in a row (where three "
+        "copies of the model do not fit)",
+    )
     parser.add_argument("--serve", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--kind", help=argparse.SUPPRESS)
     parser.add_argument(
@@ -490,48 +507,63 @@ def main():
         ),
     }
     kinds = {"plain": "none", f"MTP k={args.mtp_k}": "mtp"}
-    processes, urls, logs = [], {}, {}
+    processes, urls, logs = {}, {}, {}
+    # Run 0 warms up: its answers are checked, not timed.
+    results = {name: [] for name in servers}
+    kept = {name: [0, 0] for name in servers}
+
+    def start(name):
+        folder, extra = servers[name]
+        kind = kinds.get(name, "dspark")
+        logs[name] = work / f"{name.split()[0]}.log"
+        truth = work / f"truth-{kind}.json"
+        log = open(logs[name], "w")
+        processes[name], urls[name] = launch(args, kind, folder, extra, truth, log)
+
+    def stop(name):
+        process = processes.pop(name)
+        process.terminate()
+        process.wait()
+
+    def one_run(name, r, requests):
+        kind = kinds.get(name, "dspark")
+        if args.oracle_truth == "self" and kind == "none":
+            # As the drafting servers: the prompts in its cache.
+            run_requests(urls[name], requests)
+        elif args.oracle_truth == "self":
+            feed(work, kind, urls[name], requests, name, r)
+        before = rounds_so_far(work, kind)
+        wall, answers = run_requests(urls[name], requests)
+        after = rounds_so_far(work, kind)
+        kept[name] = [k + b - a for k, a, b in zip(kept[name], before, after)]
+        results[name].append((wall, answers))
+        total = sum(a["tokens"] for a in answers)
+        print(f"  run {r} {name}: {total / wall:.2f} tok/s", flush=True)
+
     try:
-        for name, (folder, extra) in servers.items():
-            logs[name] = work / f"{name.split()[0]}.log"
-            process, urls[name] = launch(
-                args,
-                kinds.get(name, "dspark"),
-                folder,
-                extra,
-                work / f"truth-{kinds.get(name, 'dspark')}.json",
-                open(logs[name], "w"),
-            )
-            processes.append(process)
-        # Run 0 warms up: its answers are checked, not timed.
-        results = {name: [] for name in servers}
-        kept = {name: [0, 0] for name in servers}
-        for r, requests in enumerate(runs):
+        if args.one_at_a_time:
             for name in servers:
-                kind = kinds.get(name, "dspark")
-                if args.oracle_truth == "self" and kind == "none":
-                    # As the drafting servers: the prompts in its cache.
-                    run_requests(urls[name], requests)
-                elif args.oracle_truth == "self":
-                    feed(work, kind, urls[name], requests, name, r)
-                before = rounds_so_far(work, kind)
-                wall, answers = run_requests(urls[name], requests)
-                after = rounds_so_far(work, kind)
-                kept[name] = [k + b - a for k, a, b in zip(kept[name], before, after)]
-                results[name].append((wall, answers))
-                total = sum(a["tokens"] for a in answers)
-                print(f"  run {r} {name}: {total / wall:.2f} tok/s", flush=True)
+                start(name)
+                for r, requests in enumerate(runs):
+                    one_run(name, r, requests)
+                stop(name)
+        else:
+            for name in servers:
+                start(name)
+            for r, requests in enumerate(runs):
+                for name in servers:
+                    one_run(name, r, requests)
     finally:
-        for process in processes:
-            process.terminate()
-        for process in processes:
-            process.wait()
+        for name in list(processes):
+            stop(name)
 
     print(
         f"\n{args.requests} concurrent requests a run (prompts of "
         f"{args.prompt_words}-{args.prompt_words * (args.requests + 1) // 2} words, "
         f"answers of {args.max_tokens}-{args.max_tokens * (args.requests + 1) // 2} "
-        f"tokens), medians of {args.repeat} alternated runs (min-max); tokens "
+        f"tokens), medians of {args.repeat} "
+        f"{'runs, one server at a time' if args.one_at_a_time else 'alternated runs'}"
+        " (min-max); tokens "
         "a round: the rows' mean over the rounds of these runs and the warm-up"
     )
     print(
