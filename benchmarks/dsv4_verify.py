@@ -703,13 +703,13 @@ def rounds(args, config, model, dmodel=None, peer=None):
                 variants[f"mlx-vlm: DSpark round, block {b}"] = (
                     lambda n, b=b: peer.round_time("dspark", prompt, b, n)
                 )
-    prefix = ""
+    prefix, switch = "", None
     if args.hc_ab:
-        prefix = HC_KERNELS
-        variants = alternated(variants, prefix, hc_kernels)
+        prefix, switch = HC_KERNELS, hc_kernels
     elif args.attention_from:
-        prefix = OTHER_ATTENTION
-        variants = alternated(variants, prefix, attention_from(args.attention_from))
+        prefix, switch = OTHER_ATTENTION, attention_from(args.attention_from)
+    if switch:
+        variants = alternated(variants, prefix, switch)
     times = {name: [] for name in variants}
     per = {name: [] for name in variants}
     # The first of each warms up (compiled steps of every forward's length).
@@ -719,6 +719,9 @@ def rounds(args, config, model, dmodel=None, peer=None):
             if r:
                 times[name].append(t)
                 per[name].append(tokens_a_round)
+    if switch:
+        # What follows runs as the variants without the prefix did.
+        switch(False)
     # Issue 41's bars, in plain steps.
     bars = {"MTP round, k=2": 1.2, "DSpark round, block 5": 1.25}
     print(
@@ -1269,12 +1272,13 @@ def parse_args(argv=None):
     parser.add_argument("--no-verify", action="store_true")
     parser.add_argument("--rounds", action="store_true", help="MTP round cost")
     parser.add_argument("--mtp-k", default="2", help="MTP drafts, e.g. 1,2,3")
-    parser.add_argument(
+    ab = parser.add_mutually_exclusive_group()
+    ab.add_argument(
         "--hc-ab",
         action="store_true",
         help="--rounds with the hyper-connection kernels and without, alternated",
     )
-    parser.add_argument(
+    ab.add_argument(
         "--attention-from",
         metavar="PATH",
         help="--rounds and --exactness also with Attention._dense of another "
