@@ -9,15 +9,19 @@ Each round's (or step's) wall time is split into the host's work building
 the drafter's graph (``Drafter.draft`` and ``accept``), the target's
 forward graph, ``mx.async_eval`` (the launches) and the waits on the
 device (``tolist``, ``item``, ``mx.eval``); "other" is the rest of the
-loop's Python.
+loop's Python. ``--primitives`` then counts, in one more untimed run of
+each, the primitives a round evaluates (the graphs given to ``mx.eval`` and
+``mx.async_eval``, by kind, the same on every device; the kernels a device
+launches follow from them) and the kinds a round adds to a plain step.
 
     python3 benchmarks/dsv4_round_phases.py --layers 43 --experts 8 --dspark
 """
 
+import argparse
 import statistics
 import sys
 import time
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from unittest import mock
 
@@ -25,6 +29,8 @@ import mlx.core as mx
 
 sys.path.insert(0, str(Path(__file__).parent))
 import dsv4_verify  # noqa: E402
+from dsv4_profile import primitives  # noqa: E402
+from mlx.utils import tree_flatten  # noqa: E402
 
 WAITS = ("tolist", "item", "__bool__", "__int__", "__float__", "__index__")
 
@@ -99,8 +105,48 @@ def split(model, drafter_class, steps, tokens):
     return out
 
 
+def primitives_a_round(steps, tokens):
+    """The primitives a round (a step) evaluates, by kind."""
+    seen, counting = Counter(), [False]
+
+    def counted(fn):
+        def call(*args, **kwargs):
+            if counting[0]:
+                arrays = tree_flatten(list(args))
+                seen.update(
+                    primitives(*(a for _, a in arrays if isinstance(a, mx.array)))
+                )
+            return fn(*args, **kwargs)
+
+        return call
+
+    patches = [
+        mock.patch.object(mx, n, counted(getattr(mx, n)))
+        for n in ("eval", "async_eval")
+    ]
+    for p in patches:
+        p.start()
+    try:
+        rounds = 0
+        for n, item in enumerate(steps(tokens)):
+            if n == 0:
+                # From the first token on, as split() times.
+                seen.clear()
+            else:
+                rounds += not (len(item) > 2 and item[2])
+            # Up to the last token, not what the loop does after it.
+            counting[0] = n < tokens - 1
+    finally:
+        for p in reversed(patches):
+            p.stop()
+    return Counter({k: v / rounds for k, v in seen.items()})
+
+
 def main():
-    args = dsv4_verify.parse_args()
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--primitives", action="store_true")
+    own, rest = parser.parse_known_args()
+    args = dsv4_verify.parse_args(rest)
     from mlx_lm.generate import generate_step, speculative_generate_step
 
     from mlx_lm.models.deepseek_v4_dspark import DSparkDrafter
@@ -149,6 +195,20 @@ def main():
                 cell += f" ({min(vals):.1f}-{max(vals):.1f})"
             cells.append(cell)
         print(f"{name:24}" + "".join(f"{c:>18}" for c in cells))
+
+    if not own.primitives:
+        return
+    counts = {
+        name: primitives_a_round(steps_of(target, k), args.tokens)
+        for name, (target, _, k) in variants.items()
+    }
+    plain = counts["plain step"]
+    print("primitives a round (a step), and the kinds a round adds to a step:")
+    for name, count in counts.items():
+        added = sorted(((count[k] - plain[k], k) for k in count), reverse=True)
+        top = ", ".join(f"{kind} {n:+.0f}" for n, kind in added[:8] if n >= 1)
+        total = sum(count.values())
+        print(f"{name:24} {total:8.0f} ({total / sum(plain.values()):.2f}x) {top}")
 
 
 if __name__ == "__main__":
