@@ -92,7 +92,7 @@ def split(model, drafter_class, steps, tokens):
                 phases.total.clear()
                 tic = time.perf_counter()
             else:
-                rounds += not (len(item) > 2 and item[2])
+                rounds += dsv4_verify.ends_round(item)
         wall = time.perf_counter() - tic
     finally:
         for p in reversed(patches):
@@ -133,7 +133,7 @@ def primitives_a_round(steps, tokens):
                 # From the first token on, as split() times.
                 seen.clear()
             else:
-                rounds += not (len(item) > 2 and item[2])
+                rounds += dsv4_verify.ends_round(item)
             # Up to the last token, not what the loop does after it.
             counting[0] = n < tokens - 1
     finally:

@@ -380,6 +380,12 @@ def geometric(block, mean, rng):
     return accepted, a
 
 
+def ends_round(item):
+    """Whether a loop's item ends a round: a token the target gave, not one
+    of the drafter's (``generate_step`` gives only those)."""
+    return not (len(item) > 2 and item[2])
+
+
 def run(steps):
     """tok/s from the first token on, the tokens, and the time of a round
     (a round ends with a token the target gave, not the drafter)."""
@@ -388,7 +394,7 @@ def run(steps):
         if n == 0:
             tic = time.perf_counter()
         else:
-            rounds += not (len(item) > 2 and item[2])
+            rounds += ends_round(item)
         tokens.append(int(item[0]))
     elapsed = time.perf_counter() - tic
     return (len(tokens) - 1) / elapsed, tokens, elapsed / max(rounds, 1)
@@ -1158,7 +1164,10 @@ def verify_difference(model, prompt, rounds):
 def exactness(args):
     print("verify forward over 8 tokens against 8 one-token steps:")
     cpu = mx.default_device() == mx.cpu
-    switch = attention_from(args.attention_from) if args.attention_from else None
+    if args.attention_from:
+        switch, others = attention_from(args.attention_from), (False, True)
+    else:
+        switch, others = (lambda on: None), (False,)
     _, model32 = build(args, "float32")
     for dtype in ("float32", "bfloat16"):
         # The same weights, the float32 ones rounded.
@@ -1166,9 +1175,8 @@ def exactness(args):
             model = model32
         else:
             model = bf16_like_the_gpu(build(args, dtype)[1])
-        for other in (False, True) if switch else (False,):
-            if switch:
-                switch(other)
+        for other in others:
+            switch(other)
             mx.random.seed(args.seed + 3)
             prompt = mx.random.randint(0, model.args.vocab_size, (args.context,))
             worst, scale, differ, total = verify_difference(
@@ -1180,8 +1188,7 @@ def exactness(args):
                 f"differs at {differ} of {total} positions"
                 + (" (experts float32)" if dtype != "float32" and cpu else "")
             )
-        if switch:
-            switch(False)
+        switch(False)
 
 
 def first_differences(model, prompts, tokens, drafters):
