@@ -284,6 +284,46 @@ class TestMTPLoading(unittest.TestCase):
         self.assertGreater(draft.call_count, 10)
         self.assertEqual(texts[0], texts[1])
 
+    def test_fuse_keeps_the_block(self):
+        # mlx_lm.fuse after mlx_lm.lora writes the block with the fused
+        # model, so --mtp drafts from the fused folder.
+        from mlx_lm import fuse
+        from mlx_lm.tuner.utils import linear_to_lora_layers
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = make_model_folder(Path(tmp) / "mtp")
+            adapters = Path(tmp) / "adapters"
+            adapters.mkdir()
+            lora = {"rank": 2, "scale": 1.0, "dropout": 0.0}
+            model = load(str(path))[0]
+            model.freeze()
+            linear_to_lora_layers(model, 2, lora)
+            mx.random.seed(0)
+            trained = {
+                k: mx.random.normal(v.shape) * 0.1
+                for k, v in tree_flatten(model.trainable_parameters())
+            }
+            mx.save_safetensors(str(adapters / "adapters.safetensors"), trained)
+            with open(adapters / "adapter_config.json", "w") as f:
+                json.dump({"num_layers": 2, "lora_parameters": lora}, f)
+            out = Path(tmp) / "fused"
+            argv = ["fuse", "--model", str(path), "--adapter-path", str(adapters)]
+            with mock.patch.object(sys, "argv", argv + ["--save-path", str(out)]):
+                with contextlib.redirect_stdout(io.StringIO()):
+                    fuse.main()
+            with open(out / "config.json") as f:
+                self.assertNotIn("mtp", json.load(f))
+            model, tokenizer = load(str(out), model_config={"mtp": True})
+            adapted = load(str(path), adapter_path=str(adapters))[0]
+        self.assertEqual(len(model.mtp), 1)
+        prompt = mx.array(tokenizer.encode("The quick"))
+        tokens = [t for t, _ in generate_step(prompt, model, max_tokens=12)]
+        self.assertEqual(
+            [t for t, _ in generate_step(prompt, adapted, max_tokens=12)], tokens
+        )
+        steps = speculative_generate_step(prompt, model, mtp=True, max_tokens=12)
+        self.assertEqual([t for t, *_ in steps], tokens)
+
 
 class TestMTPDecoding(unittest.TestCase):
 
