@@ -287,8 +287,9 @@ class TestMTPLoading(unittest.TestCase):
     def test_fuse_keeps_the_block(self):
         # mlx_lm.fuse after mlx_lm.lora writes the block with the fused
         # model, so --mtp drafts from the fused folder.
-        from mlx_lm import fuse
         from mlx_lm.tuner.utils import linear_to_lora_layers
+
+        from mlx_lm import fuse
 
         with tempfile.TemporaryDirectory() as tmp:
             path = make_model_folder(Path(tmp) / "mtp")

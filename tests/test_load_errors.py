@@ -353,6 +353,25 @@ class TestOptionsThatCannotApply(TemporaryFolderTestCase):
                 self.assertIn("--kv-bits", run.stderr.splitlines()[-1])
                 self.assertNotIn("Traceback", run.stderr)
 
+    def test_chat_template_args_the_template_rejects(self):
+        path = make_folder(self.tmp / "model")
+        args = '{"reasoning_effort": "bogus"}'
+        code, stderr = self.serve(path, "--chat-template-args", args)
+        self.assertEqual(code, 1, stderr)
+        self.assertIn(f"--chat-template-args {args}", stderr)
+        self.assertIn("Invalid reasoning_effort 'bogus'", stderr)
+        self.assertNotIn("Traceback", stderr)
+        # Arguments the template takes serve.
+        thread = ServerThread(
+            path, "--chat-template-args", '{"reasoning_effort": "max"}'
+        )
+        try:
+            messages = [{"role": "user", "content": "w9 w10"}]
+            status, answer = thread.chat({"messages": messages, "max_tokens": 3})
+            self.assertEqual(status, 200, answer)
+        finally:
+            thread.close()
+
 
 class TestServerWithABadModelFolder(TemporaryFolderTestCase):
 
