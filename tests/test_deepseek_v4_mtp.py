@@ -457,6 +457,13 @@ class TestMTPDecoding(unittest.TestCase):
         llama = model_class(args_class.from_dict(LLAMA))
         with self.assertRaisesRegex(ValueError, "llama models have no drafter"):
             self.spec(llama)
+        # Before its cache, which cannot be trimmed, is checked.
+        mamba = {**LLAMA, "model_type": "mamba", "state_size": 4}
+        mamba.update(conv_kernel=3, use_bias=False, use_conv_bias=True)
+        model_class, args_class = _get_classes(mamba)
+        mamba = model_class(args_class.from_dict({**mamba, "time_step_rank": 4}))
+        with self.assertRaisesRegex(ValueError, "mamba models have no drafter"):
+            self.spec(mamba)
         with self.assertRaisesRegex(ValueError, "draft model"):
             list(speculative_generate_step(PROMPT, self.model, self.model, mtp=True))
         with self.assertRaisesRegex(ValueError, "needs a draft model"):
@@ -627,11 +634,18 @@ class TestMTPCommands(unittest.TestCase):
         # model's: drafting from it gives plain decoding's tokens.
         file = str(Path(self.dir.name) / "cache.safetensors")
         argv = ["cache_prompt", "--model", str(self.path), "--prompt", prompt]
-        with mock.patch.object(
-            sys, "argv", argv + ["--prompt-cache-file", file, "--mtp"]
-        ):
-            with contextlib.redirect_stdout(io.StringIO()):
-                cache_prompt.main()
+        printed = []
+        for mtp in ([], ["--mtp"]):
+            out = io.StringIO()
+            with mock.patch.object(
+                sys, "argv", argv + ["--prompt-cache-file", file, *mtp]
+            ):
+                with contextlib.redirect_stdout(out):
+                    cache_prompt.main()
+            printed.append(out.getvalue().split("\r")[-1].split(" tokens")[0])
+        # Its progress line counts the prompt's tokens, as without --mtp.
+        self.assertRegex(printed[0], r"Processed +\d+$")
+        self.assertEqual(printed[1], printed[0])
         rest = mx.array(self.tokenizer.encode(" jumps over", add_special_tokens=False))
         tokens = []
         for mtp in (False, True):
