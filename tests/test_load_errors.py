@@ -189,6 +189,12 @@ class TestBadModelFolders(TemporaryFolderTestCase):
         with self.assertRaisesRegex(ValueError, "<｜User｜>.*deepseek_v4"):
             load(str(path))
 
+    def test_a_missing_tokenizer_file_is_named(self):
+        path = make_folder(self.tmp / "model")
+        (path / "tokenizer.json").unlink()
+        with self.assertRaisesRegex(ValueError, "has no tokenizer.json"):
+            load(str(path))
+
     def test_a_missing_folder_is_named(self):
         # Paths that cannot be Hugging Face repo ids are not looked up there.
         for path in (self.tmp / "missing", "./missing", "../missing/model"):
