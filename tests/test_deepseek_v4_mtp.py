@@ -446,6 +446,18 @@ class TestMTPDecoding(unittest.TestCase):
                 self.assertGreaterEqual(len(reads), len(counts))
                 self.assertEqual(reads[1:], [0] * (len(reads) - 1))
 
+    def test_trim_prompt_cache_trims_every_entry_or_none(self):
+        # The block's entry takes back one token fewer than the model's
+        # caches: past that, trim_prompt_cache leaves them all as they are.
+        cache = make_prompt_cache(self.model) + make_mtp_prompt_cache(self.model)
+        list(self.spec(self.model, prompt_cache=cache))
+        sizes = [c.size() for c in cache]
+        for n in (33, 32):
+            self.assertEqual(trim_prompt_cache(cache, n), 0)
+            self.assertEqual([c.size() for c in cache], sizes)
+        self.assertEqual(trim_prompt_cache(cache, 31), 31)
+        self.assertEqual([c.size() for c in cache], [s - 31 for s in sizes])
+
     def test_options_that_cannot_apply_say_so(self):
         no_block = make_model({**CONFIG, "mtp": False})
         with self.assertRaisesRegex(ValueError, "loaded without its drafter"):
@@ -473,6 +485,14 @@ class TestMTPDecoding(unittest.TestCase):
             self.spec(self.model, prompt_cache=make_prompt_cache(self.model))
         with self.assertRaisesRegex(ValueError, "loaded without its drafter"):
             BatchGenerator(no_block, mtp=True)
+        # The block, a position behind the model, takes back one token fewer
+        # than its caches: more drafts are refused before any token.
+        for k in (32, 40):
+            with self.assertRaisesRegex(ValueError, f"at most 31 .* \\(got {k}\\)"):
+                self.spec(self.model, num_draft_tokens=k)
+            with self.assertRaisesRegex(ValueError, f"at most 31 .* \\(got {k}\\)"):
+                BatchGenerator(self.model, mtp=True, num_draft_tokens=k)
+        self.assert_plain(self.spec(self.model, num_draft_tokens=31), self.expected)
         generator = BatchGenerator(self.model, mtp=True)
         with self.assertRaisesRegex(ValueError, "in step"):
             generator.insert([[1, 2, 3]], caches=[make_prompt_cache(self.model)])

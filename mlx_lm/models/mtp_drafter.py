@@ -41,6 +41,8 @@ class MTPCache(DrafterCache):
 
     # The block's cache: one DeepSeek-V4 attention layer's.
     cache_type = WindowCompressorCache
+    # One position behind the target's, it takes back one token fewer.
+    trim_history = TRIM_HISTORY - 1
 
     def __init__(self, cache, keep=TRIM_HISTORY + 1):
         self.cache = cache
