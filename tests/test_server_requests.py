@@ -62,10 +62,6 @@ class TestServerRequests(ServerTestCase):
         body = '{"messages": [{"role": "user", "content": "Hi"}], "temperature": NaN}'
         self.assertRejected(body, 400, "temperature")
 
-    def test_an_empty_prompt_names_the_field(self):
-        body = {"prompt": "", "max_tokens": 3}
-        self.assertRejected(body, 400, "prompt", path="/v1/completions")
-
     def test_more_than_one_choice_is_rejected(self):
         self.assertRejected({"messages": user(), "n": 2}, 400, "n must be 1")
 
