@@ -681,6 +681,16 @@ class TestMTPCommands(unittest.TestCase):
             tokens.append([s[0] for s in zip(range(24), steps)])
         self.assertEqual(tokens[0], tokens[1])
 
+    def test_too_many_drafts_stop_before_any_output(self):
+        argv = ["generate", "--model", str(self.path), "--prompt", "Hi", "--mtp"]
+        out = io.StringIO()
+        with mock.patch.object(sys, "argv", argv + ["--num-draft-tokens", "32"]):
+            with contextlib.redirect_stdout(out):
+                with self.assertRaises(SystemExit) as stop:
+                    generate_main()
+        self.assertIn("use at most 31 draft tokens (got 32)", str(stop.exception.code))
+        self.assertEqual(out.getvalue(), "")
+
     def test_one_default_number_of_drafts(self):
         # What mlx_lm.generate and mlx_lm.server draft a step by default is
         # what stream_generate and BatchGenerator draft with mtp=True.
