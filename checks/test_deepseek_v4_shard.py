@@ -228,15 +228,25 @@ def ring_command(test, ranks, *argv):
     launcher = shutil.which("mlx.launch", path=bin_dir) or shutil.which("mlx.launch")
     if launcher is None or not mx.distributed.is_available("ring"):
         test.skipTest("mlx.launch with the ring backend is not available")
-    port = str(_free_port())
+    port = str(_free_ports(ranks))
     ring = ["-n", str(ranks), "--backend", "ring", "--starting-port", port]
     return [launcher, *ring, "--", sys.executable, *argv]
 
 
-def _free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+def _free_ports(n):
+    """A port free now with the n - 1 after it (rank r listens on port + r)."""
+    for _ in range(100):
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        try:
+            for p in range(port + 1, port + n):
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", p))
+        except OSError:
+            continue
+        return port
+    raise OSError(f"no {n} free ports in a row")
 
 
 class FakeGroup:
@@ -555,7 +565,7 @@ class TestDeepseekV4Pipeline(unittest.TestCase):
             path = sharded_folder(Path(tmp) / "model", TINY_PRO_CONFIG)
             model, tokenizer = load(str(path))
             expected = generate(model, tokenizer, prompt, max_tokens=PIPELINE_STEPS)
-            port = _free_port()
+            port = _free_ports(1)
             server = ("-m", "mlx_lm.server", "--model", str(path), "--pipeline")
             command = ring_command(self, 2, *server, "--port", str(port))
             with open(Path(tmp) / "log", "w+") as log:
