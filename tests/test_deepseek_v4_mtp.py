@@ -690,6 +690,13 @@ class TestMTPCommands(unittest.TestCase):
                     generate_main()
         self.assertIn("use at most 31 draft tokens (got 32)", str(stop.exception.code))
         self.assertEqual(out.getvalue(), "")
+        # mlx_lm.server stops as it loads the model, before any request.
+        argv = ["mlx_lm.server", "--model", str(self.path), "--mtp"]
+        with mock.patch.object(server, "run") as run:
+            with mock.patch.object(sys, "argv", argv + ["--num-draft-tokens", "32"]):
+                server.main()
+        with self.assertRaisesRegex(ValueError, "at most 31 draft tokens"):
+            run.call_args.args[2].load_default()
 
     def test_one_default_number_of_drafts(self):
         # What mlx_lm.generate and mlx_lm.server draft a step by default is
