@@ -19,6 +19,13 @@ VLM=${VLM:-/tmp/vlm}
 [ -f build/gpu/mlxvlm.tar.xz ] && mkdir -p $VLM && tar -C $VLM -xJf build/gpu/mlxvlm.tar.xz
 [ -f build/gpu/cute.tar.xz ] && tar -C /tmp/site -xJf build/gpu/cute.tar.xz
 [ -f build/gpu/ptx.tar.xz ] && tar -C /tmp -xJf build/gpu/ptx.tar.xz
+# trees.tar.xz: staged trees packed to fit a call's carry (main/, ...).
+[ -f build/gpu/trees.tar.xz ] && tar -C build/gpu -xJf build/gpu/trees.tar.xz
+# fixed/: main with the step-shapes trial (parts 14 and 16).
+if [ -d build/gpu/main ] && [ ! -d build/gpu/fixed ]; then
+  cp -r build/gpu/main build/gpu/fixed
+  patch -s -p1 -d build/gpu/fixed < benchmarks/trials/dsv4-whole-pool.diff
+fi
 command -v nvidia-smi >/dev/null && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
 B=benchmarks/dsv4_speed.py
 PAT='tok/s|primitives|weights|rc |Error|error'
@@ -128,5 +135,35 @@ case $1 in
   B=benchmarks/dsv4_async_steps.py
   PAT='step|stream|time|GB|rc |Error|error|Killed'
   run main ${LIMIT:-400} X=1 --layers 43 --experts 8 --context 1024 --tokens 32 --repeat 3
+  ;;
+14)
+  # Issue 41, steps of fixed shapes (fixed/: main with the trial
+  # benchmarks/trials/dsv4-whole-pool.diff): a step reads the whole pool,
+  # masked, so its shapes change every 256 entries; against the pool's
+  # visible entries (the flag flipped), alternated in one process, MLX's
+  # CUDA graphs on, then off.
+  B=benchmarks/dsv4_verify.py
+  PAT='round|step|plain|MTP|DSpark|rc |Error|error|Killed'
+  R="--context 1024 --no-verify --rounds --mtp-k 2 --dspark --dspark-blocks 5"
+  run fixed 100 X=1 --layers 5 --experts 8 $R --flag-ab _WHOLE_POOL --tokens 8 --repeat 1
+  run fixed 230 X=1 $L43 $R --flag-ab _WHOLE_POOL --tokens 24 --repeat 3
+  run fixed 200 MLX_USE_CUDA_GRAPHS=0 $L43 $R --flag-ab _WHOLE_POOL --tokens 24 --repeat 3
+  ;;
+15)
+  # Issue 41's table on the H200 (main): decode after 1K and 32K and
+  # prefill of 16K beside mlx-vlm's exact indexer; the rounds with the
+  # oracle drafters at the published acceptance, one row.
+  run main 300 X=1 $L43 --prefill 16384 --decode 1024,32768 --steps 24 --repeat 3 $P
+  B=benchmarks/dsv4_verify.py
+  PAT='round|step|plain|MTP|DSpark|oracle|rc |Error|error|Killed'
+  run main ${LIMIT:-260} X=1 $L43 --context 1024 --no-verify --rounds --mtp-k 2 --dspark --dspark-blocks 5 --oracle --oracle-sets published --tokens 32 --repeat 3
+  ;;
+16)
+  # How far a float32 verify is from its steps without TF32 (the float32
+  # guarantee on CUDA), both pool widths; then the 4-row batch's oracle.
+  B=benchmarks/dsv4_verify.py
+  PAT='verify|differ|round|step|plain|MTP|DSpark|oracle|rows|rc |Error|error|Killed'
+  run fixed 200 MLX_ENABLE_TF32=0 --layers 20 --experts 8 --context 1024 --no-verify --exactness --exactness-rounds 16 --flag-ab _WHOLE_POOL
+  run main ${LIMIT:-200} X=1 $L43 --context 1024 --no-verify --mtp-k 2 --dspark --dspark-blocks 5 --batch 4 --oracle --oracle-sets published --tokens 24 --repeat 3
   ;;
 esac

@@ -652,6 +652,19 @@ def attention_from(path):
     return switch
 
 
+def flag_switch(name):
+    """A switch that flips deepseek_v4's module flag ``name`` (a trial's
+    A/B switch) from its value."""
+    from mlx_lm.models import deepseek_v4
+
+    value = getattr(deepseek_v4, name)
+
+    def switch(on):
+        setattr(deepseek_v4, name, (not value) if on else value)
+
+    return switch
+
+
 def alternated(variants, prefix, switch):
     """Each variant of ours twice, alternated: as it is and, under
     ``prefix``, with ``switch(True)`` in force."""
@@ -714,6 +727,8 @@ def rounds(args, config, model, dmodel=None, peer=None):
         prefix, switch = HC_KERNELS, hc_kernels
     elif args.attention_from:
         prefix, switch = OTHER_ATTENTION, attention_from(args.attention_from)
+    elif args.flag_ab:
+        prefix, switch = f"{args.flag_ab} flipped: ", flag_switch(args.flag_ab)
     if switch:
         variants = alternated(variants, prefix, switch)
     times = {name: [] for name in variants}
@@ -1164,8 +1179,12 @@ def verify_difference(model, prompt, rounds):
 def exactness(args):
     print("verify forward over 8 tokens against 8 one-token steps:")
     cpu = mx.default_device() == mx.cpu
+    label = OTHER_ATTENTION
     if args.attention_from:
         switch, others = attention_from(args.attention_from), (False, True)
+    elif args.flag_ab:
+        switch, others = flag_switch(args.flag_ab), (False, True)
+        label = f"{args.flag_ab} flipped: "
     else:
         switch, others = (lambda on: None), (False,)
     _, model32 = build(args, "float32")
@@ -1183,7 +1202,7 @@ def exactness(args):
                 model, prompt.astype(mx.int32), args.exactness_rounds
             )
             print(
-                f"  {OTHER_ATTENTION if other else ''}{dtype:8}: max |logit "
+                f"  {label if other else ''}{dtype:8}: max |logit "
                 f"difference| {worst:.3e} (logits up to {scale:.2f}), argmax "
                 f"differs at {differ} of {total} positions"
                 + (" (experts float32)" if dtype != "float32" and cpu else "")
@@ -1290,6 +1309,12 @@ def parse_args(argv=None):
         metavar="PATH",
         help="--rounds and --exactness also with Attention._dense of another "
         "deepseek_v4.py (a parent commit's), alternated",
+    )
+    ab.add_argument(
+        "--flag-ab",
+        metavar="NAME",
+        help="--rounds and --exactness also with deepseek_v4's boolean NAME "
+        "flipped (a trial's switch), alternated",
     )
     parser.add_argument(
         "--mtp-ratio", type=int, help="the MTP layer's compress ratio (4; --peer: 0)"
