@@ -272,6 +272,18 @@ class TestMTPLoading(unittest.TestCase):
                 self.assertNotIn("mtp", json.load(f))
             self.assertEqual(load(str(out))[0].mtp, [])
             model, tokenizer = load(str(out), model_config={"mtp": True})
+            # And with a mixed recipe (the block's paths, mtp.0..., are not
+            # the layers').
+            mixed = Path(tmp) / "mixed"
+            with contextlib.redirect_stdout(io.StringIO()):
+                convert(
+                    str(path),
+                    mlx_path=str(mixed),
+                    quantize=True,
+                    quant_predicate="mixed_3_6",
+                )
+            block = load(str(mixed), model_config={"mtp": True})[0].mtp[0]
+        self.assertEqual(block.attn.wo_a.bits, 3)
         # The tiny block's one projection of 64-column groups.
         self.assertEqual(model.mtp[0].attn.wo_a.bits, 4)
         texts = []
