@@ -3,6 +3,7 @@
 import contextlib
 import io
 import json
+import re
 import shutil
 import socket
 import subprocess
@@ -694,21 +695,25 @@ class TestMTPCommands(unittest.TestCase):
         self.assertEqual(tokens[0], tokens[1])
 
     def test_too_many_drafts_stop_before_any_output(self):
-        argv = ["generate", "--model", str(self.path), "--prompt", "Hi", "--mtp"]
-        out = io.StringIO()
-        with mock.patch.object(sys, "argv", argv + ["--num-draft-tokens", "32"]):
-            with contextlib.redirect_stdout(out):
-                with self.assertRaises(SystemExit) as stop:
-                    generate_main()
-        self.assertIn("use at most 31 draft tokens (got 32)", str(stop.exception.code))
-        self.assertEqual(out.getvalue(), "")
-        # mlx_lm.server stops as it loads the model, before any request.
-        argv = ["mlx_lm.server", "--model", str(self.path), "--mtp"]
-        with mock.patch.object(server, "run") as run:
-            with mock.patch.object(sys, "argv", argv + ["--num-draft-tokens", "32"]):
-                server.main()
-        with self.assertRaisesRegex(ValueError, "at most 31 draft tokens"):
-            run.call_args.args[2].load_default()
+        for n, message in (
+            ("32", "use at most 31 draft tokens (got 32)"),
+            ("-1", "Use at least 0 draft tokens (got -1)"),
+        ):
+            argv = ["generate", "--model", str(self.path), "--prompt", "Hi", "--mtp"]
+            out = io.StringIO()
+            with mock.patch.object(sys, "argv", argv + ["--num-draft-tokens", n]):
+                with contextlib.redirect_stdout(out):
+                    with self.assertRaises(SystemExit) as stop:
+                        generate_main()
+            self.assertIn(message, str(stop.exception.code))
+            self.assertEqual(out.getvalue(), "")
+            # mlx_lm.server stops as it loads the model, before any request.
+            argv = ["mlx_lm.server", "--model", str(self.path), "--mtp"]
+            with mock.patch.object(server, "run") as run:
+                with mock.patch.object(sys, "argv", argv + ["--num-draft-tokens", n]):
+                    server.main()
+            with self.assertRaisesRegex(ValueError, re.escape(message)):
+                run.call_args.args[2].load_default()
 
     def test_one_default_number_of_drafts(self):
         # What mlx_lm.generate and mlx_lm.server draft a step by default is
