@@ -437,7 +437,10 @@ class TestDSparkSpeculative(unittest.TestCase):
 
     def test_a_prompt_cache_continues_in_step(self):
         # Saved and loaded between two requests, trimmed, then continued:
-        # each is what plain decoding gives after the same tokens.
+        # each is what plain decoding gives after the same tokens. A cache
+        # without the drafter's entry is refused with how to make one.
+        with self.assertRaisesRegex(ValueError, "in step.* make_drafter"):
+            self.spec(prompt_cache=make_prompt_cache(self.model))
         cache = make_prompt_cache(self.model) + make_drafter(self.model).make_cache()
         first = self.spec(max_tokens=12, num_draft_tokens=4, prompt_cache=cache)
         self.assertEqual([s[0] for s in first], self.expected[:12])

@@ -24,6 +24,7 @@ from mlx_lm.generate import (
 )
 from mlx_lm.generate import main as generate_main
 from mlx_lm.generate import (
+    make_drafter,
     setup_arg_parser,
     speculative_generate_step,
     stream_generate,
@@ -493,9 +494,11 @@ class TestMTPDecoding(unittest.TestCase):
             list(speculative_generate_step(PROMPT, self.model, self.model, mtp=True))
         with self.assertRaisesRegex(ValueError, "needs a draft model"):
             list(speculative_generate_step(PROMPT, self.model))
-        # A cache the block has not followed.
-        with self.assertRaisesRegex(ValueError, "in step"):
+        # A cache the block has not followed; the message's recipe drafts.
+        with self.assertRaisesRegex(ValueError, "in step.* make_drafter"):
             self.spec(self.model, prompt_cache=make_prompt_cache(self.model))
+        cache = make_prompt_cache(self.model) + make_drafter(self.model).make_cache()
+        self.assert_plain(self.spec(self.model, prompt_cache=cache), self.expected)
         with self.assertRaisesRegex(ValueError, "loaded without its drafter"):
             BatchGenerator(no_block, mtp=True)
         # The block, a position behind the model, takes back one token fewer

@@ -256,8 +256,9 @@ def check_dspark_cache(model_cache: List[Any], cache: List[Any]):
     ):
         raise ValueError(
             "Drafting with DSpark needs the prompt cache's DSpark entry in "
-            "step with the model's (make_dspark_prompt_cache, filled by "
-            "mtp=True)."
+            "step with the model's: make_prompt_cache(model) + "
+            "make_drafter(model).make_cache() (mlx_lm.generate) makes one, "
+            "filled by mtp=True; mlx_lm.cache_prompt --mtp saves one."
         )
 
 

@@ -293,7 +293,9 @@ def check_mtp_cache(model_cache: List[Any], cache: List[Any]):
     ):
         raise ValueError(
             "Drafting with MTP needs the prompt cache's MTP entry in step "
-            "with the model's (make_mtp_prompt_cache, filled by mtp=True)."
+            "with the model's: make_prompt_cache(model) + "
+            "make_drafter(model).make_cache() (mlx_lm.generate) makes one, "
+            "filled by mtp=True; mlx_lm.cache_prompt --mtp saves one."
         )
 
 
