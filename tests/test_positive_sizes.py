@@ -40,6 +40,23 @@ class TestPositiveSizes(unittest.TestCase):
                 with self.subTest(command=main.__module__, option=option, value=value):
                     self.assertRefused(main, argv, option, value)
 
+    def test_sizes_that_do_not_parse_are_refused(self):
+        for value in ("-5", "5XB", "1.2.3G"):
+            with self.subTest(value=value):
+                err = io.StringIO()
+                argv = ["mlx_lm.server", "--model", "unused"]
+                argv += ["--prompt-cache-bytes", value]
+                with mock.patch.object(sys, "argv", argv):
+                    with contextlib.redirect_stderr(err):
+                        with self.assertRaises(SystemExit) as stop:
+                            server_main()
+                self.assertEqual(stop.exception.code, 2)
+                self.assertIn(
+                    f"argument --prompt-cache-bytes: must be a size such as 512MB "
+                    f"or 8GB (got {value})",
+                    err.getvalue(),
+                )
+
     def test_one_is_taken(self):
         args = setup_arg_parser().parse_args(["--prefill-step-size", "1"])
         self.assertEqual(args.prefill_step_size, 1)
