@@ -10,14 +10,16 @@ from mlx_lm.chat import main as chat_main
 from mlx_lm.generate import main as generate_main
 from mlx_lm.generate import setup_arg_parser
 from mlx_lm.server import main as server_main
+from mlx_lm.utils import _parse_size
 
 
 class TestPositiveSizes(unittest.TestCase):
-    """A prefill step or a prompt concurrency below 1 stops the command in
-    one line naming the option (before: a server that never answers, or an
-    error from inside MLX at the first prompt)."""
+    """A prefill step or a prompt concurrency below 1, or a byte size that
+    does not parse, stops the command in one line naming the option (before:
+    a server that never answers, an error from inside MLX at the first
+    prompt, or a traceback)."""
 
-    def assertRefused(self, main, argv, option, value):
+    def assertRefused(self, main, argv, option, value, reason):
         err = io.StringIO()
         argv = [main.__module__, "--model", "unused", *argv, option, value]
         with mock.patch.object(sys, "argv", argv):
@@ -26,7 +28,7 @@ class TestPositiveSizes(unittest.TestCase):
                     main()
         self.assertEqual(stop.exception.code, 2)
         line = err.getvalue().strip().splitlines()[-1]
-        self.assertIn(f"argument {option}: must be at least 1 (got {value})", line)
+        self.assertIn(f"argument {option}: {reason} (got {value})", line)
 
     def test_below_one_is_refused(self):
         commands = (
@@ -38,28 +40,22 @@ class TestPositiveSizes(unittest.TestCase):
         for main, argv, option in commands:
             for value in ("0", "-2"):
                 with self.subTest(command=main.__module__, option=option, value=value):
-                    self.assertRefused(main, argv, option, value)
+                    self.assertRefused(main, argv, option, value, "must be at least 1")
 
     def test_sizes_that_do_not_parse_are_refused(self):
+        reason = "must be a size such as 512MB or 8GB"
         for value in ("-5", "5XB", "1.2.3G"):
             with self.subTest(value=value):
-                err = io.StringIO()
-                argv = ["mlx_lm.server", "--model", "unused"]
-                argv += ["--prompt-cache-bytes", value]
-                with mock.patch.object(sys, "argv", argv):
-                    with contextlib.redirect_stderr(err):
-                        with self.assertRaises(SystemExit) as stop:
-                            server_main()
-                self.assertEqual(stop.exception.code, 2)
-                self.assertIn(
-                    f"argument --prompt-cache-bytes: must be a size such as 512MB "
-                    f"or 8GB (got {value})",
-                    err.getvalue(),
+                self.assertRefused(
+                    server_main, [], "--prompt-cache-bytes", value, reason
                 )
 
-    def test_one_is_taken(self):
+    def test_valid_values_are_taken(self):
         args = setup_arg_parser().parse_args(["--prefill-step-size", "1"])
         self.assertEqual(args.prefill_step_size, 1)
+        self.assertEqual(_parse_size("1.5G"), 1_500_000_000)
+        self.assertEqual(_parse_size("512MB"), 512_000_000)
+        self.assertEqual(_parse_size("100"), 100)
 
 
 if __name__ == "__main__":
