@@ -166,4 +166,30 @@ case $1 in
   run fixed 200 MLX_ENABLE_TF32=0 --layers 20 --experts 8 --context 1024 --no-verify --exactness --exactness-rounds 16 --flag-ab _WHOLE_POOL
   run main ${LIMIT:-200} X=1 $L43 --context 1024 --no-verify --mtp-k 2 --dspark --dspark-blocks 5 --batch 4 --oracle --oracle-sets published --tokens 24 --repeat 3
   ;;
+17)
+  # The server's 4 concurrent requests at Flash's depth (bf16; each server
+  # alone on the device), against the same server without drafting.
+  B=benchmarks/dsv4_server_oracle.py
+  PAT='server|tok/s|round|plain|MTP|DSpark|oracle|rc |Error|error|Killed'
+  # Two folders of weights (about 0.7 GB a bf16 layer each) on the disk.
+  free=$(df -BG --output=avail "${TMPDIR:-/tmp}" | tail -1 | tr -dc 0-9)
+  layers=$(( (free - 8) * 10 / 14 )); [ $layers -gt 43 ] && layers=43
+  echo "disk: ${free} GB free, $layers layers"
+  run main ${LIMIT:-570} X=1 --layers $layers --experts 8 --dtype bfloat16 --repeat 1 --oracle-truth self --one-at-a-time
+  ;;
+18)
+  # Why dsv4_speed.py's loop read the fork's 16K prefill below the peer's
+  # where dsv4_prefill_chunks.py read it above: prefill alone, then with
+  # decode steps between (MLX's cache of graph executables), then with 10x
+  # that cache. The first process of a fresh machine compiles for 100+ s.
+  run main 150 X=1 $L43 --prefill 16384 --decode "" --repeat 3 $P
+  run main 200 X=1 $L43 --prefill 16384 --decode 1024 --steps 24 --repeat 3 $P
+  run main 200 MLX_CUDA_GRAPH_CACHE_SIZE=4000 $L43 --prefill 16384 --decode 1024 --steps 24 --repeat 3 $P
+  ;;
+19)
+  # The 4-bit rounds with MLX's CUDA graphs on.
+  B=benchmarks/dsv4_verify.py
+  PAT='round|step|plain|MTP|DSpark|rc |Error|error|Killed'
+  run main 370 X=1 $L43 --bits 4 --context 1024 --no-verify --rounds --mtp-k 2 --dspark --dspark-blocks 5 --tokens 24 --repeat 3
+  ;;
 esac
