@@ -14,7 +14,7 @@ from pathlib import Path
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
-from mlx_lm.utils import _get_classes
+from mlx_lm.utils import _get_classes, load_model
 from server_fixture import ServerThread
 
 from mlx_lm import load
@@ -23,6 +23,7 @@ from mlx_lm.chat_templates.deepseek_v4 import (
     eos_token,
     special_tokens,
 )
+from mlx_lm.models import llama
 from mlx_lm.models.cache import make_prompt_cache, save_prompt_cache
 
 # Tiny folders: a Llama; a Mamba, whose cache cannot be quantized; a Qwen3.5,
@@ -201,6 +202,23 @@ class TestBadModelFolders(TemporaryFolderTestCase):
             with self.subTest(path=path):
                 with self.assertRaisesRegex(FileNotFoundError, f"{path} "):
                     load(str(path))
+
+    def test_a_missing_shard_is_named_where_sanitize_fails(self):
+        # A model whose sanitize checks the checkpoint (DeepSeek-V4's) fails
+        # on what the lost shard held: the lost file is the cause to name.
+        class Model(llama.Model):
+            def sanitize(self, weights):
+                raise ValueError("the checkpoint is incomplete")
+
+        def classes(config):
+            return Model, llama.ModelArgs
+
+        path = make_folder(self.tmp / "model")
+        with self.assertRaisesRegex(ValueError, "the checkpoint is incomplete"):
+            load_model(path, get_model_classes=classes)
+        shard = drop_shard(path)
+        with self.assertRaisesRegex(FileNotFoundError, f"Missing {shard} "):
+            load_model(path, get_model_classes=classes)
 
     def test_mistyped_config_values_name_the_field(self):
         for config, key in ((LLAMA, "num_attention_heads"), (QWEN3_5, "hidden_size")):
