@@ -815,6 +815,8 @@ class TestDeepseekV4Checkpoints(unittest.TestCase):
         bad = _release_tensors(self.weights)
         del bad["layers.1.ffn.experts.3.w2.weight"], bad["layers.2.attn.wkv.scale"]
         bad["layers.0.attn.wq_a.scale"] = bad["layers.0.attn.wq_a.scale"][:, :1]
+        # A weight under both DeepSeek's name and the model's.
+        bad["model.norm.weight"] = bad["norm.weight"].clone()
         config = dict(CONFIG, quantization_config=FP8_CONFIG)
         _write(self.path / "bad", bad, config)
         assert_load_names_every_key(
@@ -824,6 +826,7 @@ class TestDeepseekV4Checkpoints(unittest.TestCase):
                 "layers.1.ffn.experts.0.w2.weight: parts missing [3]",
                 "layers.2.attn.wkv.weight: an fp8 or fp4 weight needs its scale",
                 "layers.0.attn.wq_a.weight: its scale has shape (1, 1)",
+                "model.norm.weight: norm.weight names the same weight",
             ),
         )
         _write(self.path / "ratios", bad, dict(config, compress_ratios=[0, 4]))

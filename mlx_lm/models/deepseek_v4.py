@@ -896,13 +896,18 @@ class Model(HashTablesFrozen, nn.Module):
     def sanitize(self, weights: Dict[str, mx.array]) -> Dict[str, mx.array]:
         args = self.args
         block = (args.quantization_config or {}).get("weight_block_size", (128, 128))
-        out, parts, problems = {}, {}, {}
+        out, parts, problems, sources = {}, {}, {}, {}
         for key, value in weights.items():
             if _MTP_KEY.search(key):
                 continue
             name = key
             for old, new in _RENAMES:
                 name = old.sub(new, name)
+            if name in sources:
+                first, second = sorted((sources[name], key))
+                problems[first] = f"{second} names the same weight ({name})"
+                continue
+            sources[name] = key
             if match := _PART_KEY.fullmatch(name):
                 prefix, index, kind = match.groups()
                 count = (
