@@ -32,8 +32,8 @@ from pathlib import Path
 
 import mlx.core as mx
 from long_decode import CONFIGS, graph_edges
-from mlx_lm.generate import BatchGenerator
 
+from mlx_lm.generate import BatchGenerator
 from mlx_lm.models import qwen3_5
 from mlx_lm.models.cache import ArraysCache
 

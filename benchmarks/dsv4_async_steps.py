@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 import mlx.core as mx
+
 from mlx_lm.generate import generate_step, generation_stream
 
 sys.path.insert(0, str(Path(__file__).parent))

@@ -26,11 +26,11 @@ import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
 from long_decode import CONFIGS
-from mlx_lm.generate import generate_step, speculative_generate_step
-from mlx_lm.sample_utils import make_sampler
 
+from mlx_lm.generate import generate_step, speculative_generate_step
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import trim_prompt_cache
+from mlx_lm.sample_utils import make_sampler
 
 # The demo's tiny model, wider, with bytes for tokens and its MTP block.
 CONFIG = {

@@ -34,12 +34,12 @@ from mlx.utils import tree_flatten, tree_map_with_path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "checks"))
-from mlx_lm.generate import generate_step  # noqa: E402
-from mlx_lm.utils import quantize_model  # noqa: E402
 from test_deepseek_v4 import TINY_CONFIG, make_tiny_model  # noqa: E402
 from test_deepseek_v4_shard import FLASH_CONFIG, PRO_CONFIG, FakeGroup  # noqa: E402
 
+from mlx_lm.generate import generate_step  # noqa: E402
 from mlx_lm.models import deepseek_v4  # noqa: E402
+from mlx_lm.utils import quantize_model  # noqa: E402
 
 # Machine memory sizes (GB) and the share of it the weights may take: macOS
 # lets the GPU wire about 75% of memory by default, and the rest keeps the

@@ -148,7 +148,6 @@ def main():
     own, rest = parser.parse_known_args()
     args = dsv4_verify.parse_args(rest)
     from mlx_lm.generate import generate_step, speculative_generate_step
-
     from mlx_lm.models.deepseek_v4_dspark import DSparkDrafter
     from mlx_lm.models.mtp_drafter import MTPDrafter
 

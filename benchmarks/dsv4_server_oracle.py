@@ -299,9 +299,8 @@ def serve(args, server_args):
 
 
 def save_folder(path, config, model):
-    from mlx_lm.utils import save_model
-
     from mlx_lm.chat_templates.deepseek_v4 import special_tokens
+    from mlx_lm.utils import save_model
 
     path.mkdir(parents=True, exist_ok=True)
     save_model(path, model)
@@ -448,9 +447,8 @@ def main():
         serve(args, server_args)
         return
 
-    from mlx_lm.generate import generate_step
-
     from mlx_lm import load
+    from mlx_lm.generate import generate_step
 
     work = Path(tempfile.mkdtemp(prefix="dsv4_server_oracle_"))
     config, model = build(args)

@@ -235,6 +235,7 @@ def quantize(model, bits, group_size, paths=None):
     """Quantize ``model`` as ``mlx_lm.convert -q`` does (affine), or the
     modules at ``paths`` only; return the paths quantized."""
     import mlx.nn as nn
+
     from mlx_lm.utils import quantize_model
 
     if paths is None:
@@ -638,7 +639,6 @@ def speculative(args, config, driver):
     a tiny random draft (2 layers, hidden 256) and with the model's own MTP
     block (random weights, so it drafts at chance) against plain decoding."""
     from mlx_lm.generate import generate_step, speculative_generate_step
-
     from mlx_lm.models.cache import trim_prompt_cache
 
     model = driver.model

@@ -841,7 +841,6 @@ def batch_oracle(args, config, model, dmodel=None):
     BatchGenerator, alternated --repeat times, --tokens rounds (steps) each;
     every row's tokens checked against the plain run's."""
     from mlx_lm.generate import BatchGenerator
-
     from mlx_lm.models.deepseek_v4_dspark import DSparkDrafter
     from mlx_lm.models.mtp_drafter import MTPDrafter
 
@@ -976,7 +975,6 @@ def batch_oracle(args, config, model, dmodel=None):
 
 def oracle(args, config, model, dmodel=None):
     from mlx_lm.generate import generate_step, speculative_generate_step
-
     from mlx_lm.models.cache import trim_prompt_cache
     from mlx_lm.models.deepseek_v4_dspark import DSparkDrafter
     from mlx_lm.models.mtp_drafter import MTPDrafter

@@ -55,13 +55,13 @@ def main():
 
     import mlx.core as mx
     import requests
-    from mlx_lm.tokenizer_utils import TokenizerWrapper
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
     from mlx_lm import server
     from mlx_lm.models import llama
     from mlx_lm.models.cache import LRUPromptCache
+    from mlx_lm.tokenizer_utils import TokenizerWrapper
 
     print(f"mlx_lm: {server.__file__}, template: {args.template}")
     vocab = SPECIAL.split() + ["<think>", "</think>"] + WORDS

@@ -101,8 +101,9 @@ def transformers_logits(model, tokens, config=None):
     index, the tags go through the MLX loader, and the MLX values are put
     back where the tags show they come from."""
     import torch
-    from mlx_lm.utils import load_model
     from transformers import DeepseekV4Config, DeepseekV4ForCausalLM
+
+    from mlx_lm.utils import load_model
 
     config = {k: v for k, v in (config or TINY_CONFIG).items() if k != "model_type"}
     reference = DeepseekV4ForCausalLM(DeepseekV4Config(**config)).float().eval()

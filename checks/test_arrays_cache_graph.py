@@ -11,8 +11,8 @@ import unittest
 from unittest import mock
 
 import mlx.core as mx
-from mlx_lm.generate import BatchGenerator, generate_step
 
+from mlx_lm.generate import BatchGenerator, generate_step
 from mlx_lm.models.cache import ArraysCache, CacheList
 
 _KDA = {"num_heads": 2, "head_dim": 16, "short_conv_kernel_size": 3}

@@ -17,10 +17,10 @@ import mlx.nn as nn
 import mlx.optimizers as opt
 from dsv4_fixtures import make_tiny_model
 from mlx.utils import tree_flatten
-from mlx_lm.tuner.callbacks import TrainingCallback
 
 from mlx_lm import tuner
 from mlx_lm.models import deepseek_v41
+from mlx_lm.tuner.callbacks import TrainingCallback
 
 
 def tiny_args():

@@ -15,7 +15,6 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 from long_decode import make_tokenizer  # noqa: E402
-from mlx_lm.utils import load_tokenizer  # noqa: E402
 from test_deepseek_v4 import SPECIAL_TOKENS as special_tokens  # noqa: E402
 from test_deepseek_v4_chat import (  # noqa: E402
     ASK,
@@ -49,6 +48,7 @@ from mlx_lm.chat_templates.deepseek_v4 import (  # noqa: E402
     apply_chat_template,
     bos_token,
 )
+from mlx_lm.utils import load_tokenizer  # noqa: E402
 
 SYS_WEATHER = msg("system", "Be brief.", tools=[WEATHER])
 OFFER = assistant("Anything else?", "Offer help.")

@@ -34,6 +34,10 @@ from dsv4_fixtures import (
     make_tiny_tokenizer,
 )
 from mlx.utils import tree_flatten, tree_unflatten
+from test_deepseek_v4_chat import TOOLS as CHAT_TOOLS
+
+from mlx_lm import load
+from mlx_lm.chat_templates.deepseek_v4 import apply_chat_template
 from mlx_lm.generate import TextStateMachine, make_text_state_machine
 from mlx_lm.server import (
     APIHandler,
@@ -47,10 +51,6 @@ from mlx_lm.server import (
     tool_markers,
 )
 from mlx_lm.tokenizer_utils import TokenizerWrapper
-from test_deepseek_v4_chat import TOOLS as CHAT_TOOLS
-
-from mlx_lm import load
-from mlx_lm.chat_templates.deepseek_v4 import apply_chat_template
 from mlx_lm.tool_parsers import deepseek_v4 as tool_parser
 
 HAS_OPENAI = importlib.util.find_spec("openai") is not None

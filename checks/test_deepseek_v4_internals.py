@@ -35,9 +35,8 @@ from dsv4_fixtures import (
     prefilled,
 )
 from mlx.utils import tree_flatten
-from mlx_lm.generate import generate_step
-from mlx_lm.utils import load_model, quantize_model, save_config
 
+from mlx_lm.generate import generate_step
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
     TRIM_HISTORY,
@@ -51,6 +50,7 @@ from mlx_lm.models.cache import (
     trim_prompt_cache,
 )
 from mlx_lm.models.switch_layers import SwitchLinear
+from mlx_lm.utils import load_model, quantize_model, save_config
 
 try:
     import torch

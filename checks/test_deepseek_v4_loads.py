@@ -26,9 +26,9 @@ from dsv4_fixtures import (
     assert_load_names_every_key,
 )
 from mlx.utils import tree_flatten
-from mlx_lm.utils import load_model, quantize_model, save_config
 
 from mlx_lm.models import deepseek_v4
+from mlx_lm.utils import load_model, quantize_model, save_config
 
 try:
     import torch

@@ -16,8 +16,8 @@ from dsv4_fixtures import (
     max_diff,
     random_weights,
 )
-from mlx_lm.generate import BatchGenerator, PromptProcessingBatch, generate_step
 
+from mlx_lm.generate import BatchGenerator, PromptProcessingBatch, generate_step
 from mlx_lm.models import deepseek_v4, deepseek_v41
 from mlx_lm.models.cache import (
     WindowCompressorCache,

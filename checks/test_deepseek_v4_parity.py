@@ -23,12 +23,12 @@ from dsv4_fixtures import (
     transformers_model,
 )
 from mlx.utils import tree_flatten
-from mlx_lm.utils import load_model
 
 from mlx_lm.models import deepseek_v41
 from mlx_lm.models.cache import (
     TRIM_HISTORY,
 )
+from mlx_lm.utils import load_model
 
 
 class TestDeepseekV4Numerics(unittest.TestCase):
@@ -64,6 +64,7 @@ class TestDeepseekV4Transformers(unittest.TestCase):
 
     def test_logits_match_transformers(self):
         import torch
+
         from mlx_lm.utils import load_model
 
         reference = transformers_model(TINY_CONFIG, seed=0)

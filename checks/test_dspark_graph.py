@@ -14,13 +14,13 @@ import mlx.core as mx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
+from test_deepseek_v4_dspark import PROMPT, Recording, make_model, plain  # noqa: E402
+
 from mlx_lm.generate import (  # noqa: E402
     BatchGenerator,
     make_drafter,
     speculative_generate_step,
 )
-from test_deepseek_v4_dspark import PROMPT, Recording, make_model, plain  # noqa: E402
-
 from mlx_lm.models.cache import make_prompt_cache  # noqa: E402
 
 BOUND = 8

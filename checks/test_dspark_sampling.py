@@ -9,10 +9,10 @@ import unittest
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
-from mlx_lm.generate import speculative_generate_step
-from mlx_lm.sample_utils import make_sampler
 
+from mlx_lm.generate import speculative_generate_step
 from mlx_lm.models import deepseek_v4
+from mlx_lm.sample_utils import make_sampler
 
 # Two layers (both tapped), a vocabulary of 8, three window-only stages.
 CONFIG = {

@@ -21,16 +21,6 @@ from unittest import mock
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
-from mlx_lm.generate import (
-    BatchGenerator,
-    SpeculativeGenerationBatch,
-    batch_generate,
-    generate_step,
-    speculative_generate_step,
-    stream_generate,
-)
-from mlx_lm.sample_utils import make_sampler
-from mlx_lm.utils import load, load_model, quantize_model, save_config, save_model
 from mtp_fixtures import (
     GRAPH_BOUND,
     TINY_CONFIG,
@@ -43,11 +33,21 @@ from mtp_fixtures import (
 )
 
 from mlx_lm import cache_prompt
+from mlx_lm.generate import (
+    BatchGenerator,
+    SpeculativeGenerationBatch,
+    batch_generate,
+    generate_step,
+    speculative_generate_step,
+    stream_generate,
+)
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
     load_prompt_cache,
 )
 from mlx_lm.models.mtp_drafter import MTPDrafter, make_mtp_prompt_cache
+from mlx_lm.sample_utils import make_sampler
+from mlx_lm.utils import load, load_model, quantize_model, save_config, save_model
 
 # A checkpoint with an MTP block, loaded with it ("mtp"; a folder written
 # from it has the block's weights and the checkpoint's config alone).

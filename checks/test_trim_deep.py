@@ -11,11 +11,11 @@ import unittest
 from pathlib import Path
 
 import mlx.core as mx
-from mlx_lm.generate import speculative_generate_step, stream_generate
-from mlx_lm.utils import load
 from mtp_fixtures import GRAPH_BOUND, make_tiny_model_folder, max_cache_graph
 
+from mlx_lm.generate import speculative_generate_step, stream_generate
 from mlx_lm.models.cache import load_prompt_cache, make_prompt_cache
+from mlx_lm.utils import load
 
 
 class TestDeepseekV4SpeculativeDeep(unittest.TestCase):

@@ -16,9 +16,9 @@ from pathlib import Path
 from unittest import mock
 
 import mlx.core as mx
-from mlx_lm.utils import _get_classes, save_model
 
 from mlx_lm import server
+from mlx_lm.utils import _get_classes, save_model
 
 TINY_CONFIGS = {
     # A yarn-scaled Llama: its prompts may be longer than max_position_embeddings.

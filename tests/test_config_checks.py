@@ -12,9 +12,9 @@ from typing import Optional
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
-from mlx_lm.utils import _get_classes, load_model
 
 from mlx_lm.models.base import BaseModelArgs
+from mlx_lm.utils import _get_classes, load_model
 
 CONFIGS = Path(__file__).parent / "configs"
 

@@ -15,12 +15,6 @@ import mlx.nn as nn
 import mlx.optimizers as opt
 import numpy as np
 from mlx.utils import tree_flatten, tree_unflatten
-from mlx_lm.generate import (
-    BatchGenerator,
-    generate_step,
-    speculative_generate_step,
-)
-from mlx_lm.utils import load_model, quantize_model, save_config, save_model
 
 from mlx_lm import load, stream_generate, tuner
 from mlx_lm.chat_templates.deepseek_v4 import (
@@ -31,6 +25,11 @@ from mlx_lm.chat_templates.deepseek_v4 import (
     thinking_start_token,
     user_token,
 )
+from mlx_lm.generate import (
+    BatchGenerator,
+    generate_step,
+    speculative_generate_step,
+)
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
     TRIM_HISTORY,
@@ -39,6 +38,7 @@ from mlx_lm.models.cache import (
     trim_prompt_cache,
 )
 from mlx_lm.models.switch_layers import QuantizedSwitchLinear
+from mlx_lm.utils import load_model, quantize_model, save_config, save_model
 
 # The chat format's tokens a tokenizer for it must have, BOS and EOS first.
 SPECIAL_TOKENS = (

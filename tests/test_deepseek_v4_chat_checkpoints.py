@@ -5,7 +5,6 @@ import tempfile
 import unittest
 from pathlib import Path
 
-from mlx_lm.utils import load_tokenizer
 from test_deepseek_v4_chat import CASES, EXPECTED, HI
 
 from mlx_lm.chat_templates.deepseek_v4 import (
@@ -17,6 +16,7 @@ from mlx_lm.chat_templates.deepseek_v4 import (
     thinking_start_token,
     user_token,
 )
+from mlx_lm.utils import load_tokenizer
 
 # DeepSeek's effort prompts, byte for byte: the original's "max" is 0731's
 # "high"; 0731's "max" (encoding_dsv4.py of V4-Flash-0731 and later).

@@ -7,10 +7,6 @@ from pathlib import Path
 from types import SimpleNamespace
 from unittest import mock
 
-from mlx_lm.generate import TextStateMachine, make_text_state_machine
-from mlx_lm.server import CompletionRequest, ResponseGenerator, ToolCallFormatter
-from mlx_lm.tokenizer_utils import TokenizerWrapper
-from mlx_lm.utils import load_tokenizer
 from test_deepseek_v4_chat import ASK, CALLS, EXPECTED, HI, TOOLS, TOOLS_BLOCK, tool
 
 from mlx_lm.chat_templates.deepseek_v4 import (
@@ -22,6 +18,10 @@ from mlx_lm.chat_templates.deepseek_v4 import (
     thinking_start_token,
     user_token,
 )
+from mlx_lm.generate import TextStateMachine, make_text_state_machine
+from mlx_lm.server import CompletionRequest, ResponseGenerator, ToolCallFormatter
+from mlx_lm.tokenizer_utils import TokenizerWrapper
+from mlx_lm.utils import load_tokenizer
 
 DSML = "｜DSML｜"
 WEATHER = {

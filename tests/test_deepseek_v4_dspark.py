@@ -13,6 +13,7 @@ from pathlib import Path
 import mlx.core as mx
 from host_syncs import HostSyncs
 from mlx.utils import tree_flatten, tree_unflatten
+
 from mlx_lm.generate import (
     BatchGenerator,
     batch_generate,
@@ -21,8 +22,6 @@ from mlx_lm.generate import (
     speculative_generate_step,
     stream_generate,
 )
-from mlx_lm.utils import load
-
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
     load_prompt_cache,
@@ -32,6 +31,7 @@ from mlx_lm.models.cache import (
 )
 from mlx_lm.models.deepseek_v4_dspark import DSparkDrafter
 from mlx_lm.models.dspark_cache import DSparkCache
+from mlx_lm.utils import load
 
 # 0731-shaped and tiny: four layers, the taps after the last three, one
 # window-only compress_ratios entry per DSpark stage (three), and

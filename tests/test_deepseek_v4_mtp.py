@@ -18,6 +18,14 @@ import mlx.core as mx
 import numpy as np
 from host_syncs import HostSyncs
 from mlx.utils import tree_flatten, tree_unflatten
+from test_deepseek_v4 import SPECIAL_TOKENS as special_tokens
+from test_deepseek_v4_trim import ServerThread
+
+from mlx_lm import cache_prompt, server
+from mlx_lm.chat_templates.deepseek_v4 import (
+    bos_token,
+    eos_token,
+)
 from mlx_lm.generate import (
     BatchGenerator,
     generate_step,
@@ -28,16 +36,6 @@ from mlx_lm.generate import (
     setup_arg_parser,
     speculative_generate_step,
     stream_generate,
-)
-from mlx_lm.sample_utils import make_sampler
-from mlx_lm.utils import _get_classes, load
-from test_deepseek_v4 import SPECIAL_TOKENS as special_tokens
-from test_deepseek_v4_trim import ServerThread
-
-from mlx_lm import cache_prompt, server
-from mlx_lm.chat_templates.deepseek_v4 import (
-    bos_token,
-    eos_token,
 )
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
@@ -54,6 +52,8 @@ from mlx_lm.models.mtp_drafter import (
     MTPDrafter,
     make_mtp_prompt_cache,
 )
+from mlx_lm.sample_utils import make_sampler
+from mlx_lm.utils import _get_classes, load
 
 # A CSA and an HCA layer (the first with hashed experts), in transformers'
 # schema, and the MTP block (window only); "mtp" loads the block.
@@ -301,9 +301,8 @@ class TestMTPLoading(unittest.TestCase):
     def test_fuse_keeps_the_block(self):
         # mlx_lm.fuse after mlx_lm.lora writes the block with the fused
         # model, so --mtp drafts from the fused folder.
-        from mlx_lm.tuner.utils import linear_to_lora_layers
-
         from mlx_lm import fuse
+        from mlx_lm.tuner.utils import linear_to_lora_layers
 
         with tempfile.TemporaryDirectory() as tmp:
             path = make_model_folder(Path(tmp) / "mtp")

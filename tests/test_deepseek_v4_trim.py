@@ -15,8 +15,6 @@ from unittest import mock
 
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
-from mlx_lm.generate import speculative_generate_step, stream_generate
-from mlx_lm.utils import load
 from test_deepseek_v4 import SPECIAL_TOKENS as special_tokens
 
 from mlx_lm import server
@@ -24,6 +22,7 @@ from mlx_lm.chat_templates.deepseek_v4 import (
     bos_token,
     eos_token,
 )
+from mlx_lm.generate import speculative_generate_step, stream_generate
 from mlx_lm.models import deepseek_v4
 from mlx_lm.models.cache import (
     TRIM_HISTORY,
@@ -32,6 +31,7 @@ from mlx_lm.models.cache import (
     make_prompt_cache,
     trim_prompt_cache,
 )
+from mlx_lm.utils import load
 
 # A window layer, a CSA and an HCA layer (hashed experts first).
 CONFIG = {

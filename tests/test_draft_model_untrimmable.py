@@ -5,9 +5,10 @@ import unittest
 from pathlib import Path
 
 import mlx.core as mx
+from server_fixture import make_model_provider, make_tiny_model_folder
+
 from mlx_lm.generate import speculative_generate_step
 from mlx_lm.utils import load
-from server_fixture import make_model_provider, make_tiny_model_folder
 
 MESSAGE = "these caches of the qwen3_5 model cannot take back rejected drafts"
 

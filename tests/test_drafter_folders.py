@@ -19,13 +19,13 @@ from unittest import mock
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten, tree_unflatten
+from test_deepseek_v4_trim import ServerThread
+
 from mlx_lm.generate import generate_step, load_drafter
 from mlx_lm.generate import main as generate_main
 from mlx_lm.generate import make_drafter, speculative_generate_step
-from mlx_lm.utils import load
-from test_deepseek_v4_trim import ServerThread
-
 from mlx_lm.models import deepseek_v4
+from mlx_lm.utils import load
 
 # Tiny; transformers' config (the tokenizer's load reads it) knows ratios 0,
 # 4 and 128. The block's compress_ratios entries are window-only.

@@ -4,8 +4,8 @@ import unittest
 import warnings
 
 import mlx.core as mx
-from mlx_lm.generate import generate_step
 
+from mlx_lm.generate import generate_step
 from mlx_lm.models import llama, mamba
 from mlx_lm.models.cache import ArraysCache, QuantizedKVCache, make_prompt_cache
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
-from mlx_lm.utils import _get_classes, load_model
 from server_fixture import ServerThread
 
 from mlx_lm import load
@@ -25,6 +24,7 @@ from mlx_lm.chat_templates.deepseek_v4 import (
 )
 from mlx_lm.models import llama
 from mlx_lm.models.cache import make_prompt_cache, save_prompt_cache
+from mlx_lm.utils import _get_classes, load_model
 
 # Tiny folders: a Llama; a Mamba, whose cache cannot be quantized; a Qwen3.5,
 # whose config nests its fields in text_config.

@@ -11,8 +11,10 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
+
 from mlx_lm.convert import QUANT_RECIPES, convert, mixed_quant_predicate_builder
 from mlx_lm.generate import generate
+from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 from mlx_lm.utils import (
     _get_classes,
     load,
@@ -21,8 +23,6 @@ from mlx_lm.utils import (
     save_config,
     save_model,
 )
-
-from mlx_lm.models.switch_layers import QuantizedSwitchLinear
 
 BASE = {
     "hidden_size": 64,

@@ -3,8 +3,9 @@
 import json
 import unittest
 
-from mlx_lm.utils import load_tokenizer
 from server_fixture import ServerTestCase, user
+
+from mlx_lm.utils import load_tokenizer
 
 COMPLETIONS = "/v1/completions"
 CHAT = "/v1/chat/completions"

@@ -4,8 +4,9 @@ import json
 import unittest
 from unittest import mock
 
-from mlx_lm.server import Response
 from server_fixture import CHAT_TEMPLATE, ServerTestCase, user
+
+from mlx_lm.server import Response
 
 # The markers name the json_tools parser: <tool_call>{json}</tool_call>.
 TOOL_TEMPLATE = CHAT_TEMPLATE + "{# <tool_call> tool_call.name #}"

@@ -4,8 +4,8 @@ import unittest
 
 import mlx.core as mx
 from host_syncs import HostSyncs
-from mlx_lm.generate import generate_step, speculative_generate_step
 
+from mlx_lm.generate import generate_step, speculative_generate_step
 from mlx_lm.models import llama
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.models.drafters import Drafter, DraftModelDrafter

@@ -5,11 +5,11 @@ import tempfile
 import unittest
 
 import mlx.core as mx
-from mlx_lm.generate import generate_step, speculative_generate_step
-from mlx_lm.utils import load
 from test_deepseek_v4_trim import make_tiny_model_folder
 
+from mlx_lm.generate import generate_step, speculative_generate_step
 from mlx_lm.models.cache import TRIM_HISTORY, make_prompt_cache, trim_prompt_cache
+from mlx_lm.utils import load
 
 
 class TestSpeculativeTrimmedCache(unittest.TestCase):

@@ -4,8 +4,8 @@ import itertools
 import unittest
 
 import mlx.core as mx
-from mlx_lm.generate import generate_step, speculative_generate_step
 
+from mlx_lm.generate import generate_step, speculative_generate_step
 from mlx_lm.models import llama
 
 

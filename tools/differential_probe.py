@@ -241,10 +241,10 @@ def top(logprobs, n=3):
 
 def run_api(name, model_path, work):
     import mlx.core as mx
-    from mlx_lm.sample_utils import make_sampler
 
     from mlx_lm import batch_generate, generate, load, stream_generate
     from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.sample_utils import make_sampler
 
     out = {}
     model, tokenizer = load(model_path)

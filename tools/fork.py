@@ -555,12 +555,11 @@ def lint(python=sys.executable):
         # In upstream's tree all of mlx_lm is first party; here only the
         # fork's part of it is found in the checkout.
         isort = ["-m", "isort", "--check-only", "--profile", "black", "--quiet"]
-        upstream_tests = [f for f in files if f.startswith(str(tree / "tests"))]
+        isort += ["-p", "mlx_lm"]
         failed = False
         for cmd, paths in (
             (["-m", "black", "--check"], files),
-            (isort, [f for f in files if f not in upstream_tests]),
-            (isort + ["-p", "mlx_lm"], upstream_tests),
+            (isort, files),
             (["-m", "ruff", "check", "--quiet", "--config", config], files),
             (
                 ["-m", "ruff", "check", "--quiet", "--preview", "--config", config],

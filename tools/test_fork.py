@@ -361,9 +361,8 @@ class TestForkAssembly(unittest.TestCase):
         self.assertTrue(tokenizer.encode("The quick brown fox"))
 
     def test_tiny_model_mtp_adds_the_block_that_generate_drafts_with(self):
-        from mlx_lm.generate import generate
-
         from mlx_lm import load
+        from mlx_lm.generate import generate
 
         folder = self.tmp / "tiny-mtp"
         with mock.patch.object(fork, "setup_dev", return_value=sys.executable):
@@ -388,10 +387,9 @@ class TestForkAssembly(unittest.TestCase):
                 fork.main(["tiny-model", str(folder), "--model-type", "qwen3", "--mtp"])
 
     def test_tiny_model_dspark_is_a_0731_folder_that_generate_drafts_with(self):
-        from mlx_lm.generate import generate
-
         from mlx_lm import load
         from mlx_lm.chat_templates.deepseek_v4 import chat_format_of
+        from mlx_lm.generate import generate
 
         folder = self.tmp / "tiny-dspark"
         with mock.patch.object(fork, "setup_dev", return_value=sys.executable):
