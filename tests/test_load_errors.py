@@ -196,6 +196,17 @@ class TestBadModelFolders(TemporaryFolderTestCase):
         with self.assertRaisesRegex(ValueError, "has no tokenizer.json"):
             load(str(path))
 
+    def test_a_tokenizer_class_that_builds_from_nothing_is_refused(self):
+        # Qwen2Tokenizer (Qwen3.5's) builds an empty vocabulary without
+        # tokenizer.json: every prompt encoded to no tokens.
+        path = make_folder(self.tmp / "model")
+        (path / "tokenizer.json").unlink()
+        config = json.loads((path / "tokenizer_config.json").read_text())
+        config["tokenizer_class"] = "Qwen2Tokenizer"
+        (path / "tokenizer_config.json").write_text(json.dumps(config))
+        with self.assertRaisesRegex(ValueError, "has no tokenizer.json"):
+            load(str(path))
+
     def test_a_missing_folder_is_named(self):
         # Paths that cannot be Hugging Face repo ids are not looked up there.
         for path in (self.tmp / "missing", "./missing", "../missing/model"):
