@@ -28,11 +28,14 @@ class TestServerTextCompletions(ServerTestCase):
         return self.server.send("POST", "/v1/completions", body)
 
     def test_reasoning_markers_are_text(self):
-        status, answer = self.complete("<think>")
-        self.assertEqual(status, 200, answer)
-        choice = json.loads(answer)["choices"][0]
-        self.assertEqual(choice["text"], "<think>" * 3)
-        self.assertEqual(choice["finish_reason"], "length")
+        # Batched, and served alone (a request with a seed).
+        for extra in ({}, {"seed": 0}):
+            with self.subTest(**extra):
+                status, answer = self.complete("<think>", **extra)
+                self.assertEqual(status, 200, answer)
+                choice = json.loads(answer)["choices"][0]
+                self.assertEqual(choice["text"], "<think>" * 3)
+                self.assertEqual(choice["finish_reason"], "length")
 
     def test_streamed_text_is_the_same(self):
         status, events = self.complete("<think>", stream=True)
