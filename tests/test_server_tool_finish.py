@@ -23,11 +23,15 @@ TOOLS = [
 ]
 
 
-class TestServerToolFinish(ServerTestCase):
+class ToolReplies(ServerTestCase):
+    """A server on a tokenizer with json_tools' markers, made to reply with
+    given texts."""
+
     tokenizer_args = {"chat_template": TOOL_TEMPLATE}
 
-    def replying(self, reply):
-        """Patch the server to answer with reply instead of the model's text."""
+    def replying(self, reply, finish="stop"):
+        """Patch the server to answer with reply instead of the model's text,
+        ending it with ``finish``."""
         generator = self.server.generator
         generate = generator.generate
 
@@ -39,16 +43,16 @@ class TestServerToolFinish(ServerTestCase):
                     pass
                 for text in reply:
                     yield Response(text, 0, 0.0, None, {})
-                yield Response("", 0, 0.0, "stop", {})
+                yield Response("", 0, 0.0, finish, {})
 
             return ctx, texts()
 
         return mock.patch.object(generator, "generate", answer)
 
-    def ask(self, reply, stream):
+    def ask(self, reply, stream, finish="stop"):
         """(content, tool call names, finish_reason) as a client sees them."""
         body = {"messages": user(), "tools": TOOLS, "max_tokens": 2, "stream": stream}
-        with self.replying(reply):
+        with self.replying(reply, finish):
             _, data = self.server.send("POST", "/v1/chat/completions", body)
         if not stream:
             choice = json.loads(data)["choices"][0]
@@ -66,12 +70,15 @@ class TestServerToolFinish(ServerTestCase):
                 finish = choice["finish_reason"] or finish
         return content, names, finish
 
-    def assertAnswers(self, reply, content, names, finish_reason):
+    def assertAnswers(self, reply, content, names, finish_reason, finish="stop"):
         for stream in (False, True):
             with self.subTest(stream=stream):
                 self.assertEqual(
-                    self.ask(reply, stream), (content, names, finish_reason)
+                    self.ask(reply, stream, finish), (content, names, finish_reason)
                 )
+
+
+class TestServerToolFinish(ToolReplies):
 
     def test_a_parsed_call_finishes_with_tool_calls(self):
         self.assertAnswers([CALL], "", ["get_weather"], "tool_calls")
