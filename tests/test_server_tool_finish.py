@@ -49,11 +49,9 @@ class ToolReplies(ServerTestCase):
 
         return mock.patch.object(generator, "generate", answer)
 
-    def ask(self, reply, stream, finish="stop", **fields):
-        """(content, tool call names, finish_reason) as a client sees them;
-        fields go into the request."""
+    def ask(self, reply, stream, finish="stop"):
+        """(content, tool call names, finish_reason) as a client sees them."""
         body = {"messages": user(), "tools": TOOLS, "max_tokens": 2, "stream": stream}
-        body.update(fields)
         with self.replying(reply, finish):
             _, data = self.server.send("POST", "/v1/chat/completions", body)
         if not stream:
@@ -72,14 +70,11 @@ class ToolReplies(ServerTestCase):
                 finish = choice["finish_reason"] or finish
         return content, names, finish
 
-    def assertAnswers(
-        self, reply, content, names, finish_reason, finish="stop", **fields
-    ):
+    def assertAnswers(self, reply, content, names, finish_reason, finish="stop"):
         for stream in (False, True):
             with self.subTest(stream=stream):
                 self.assertEqual(
-                    self.ask(reply, stream, finish, **fields),
-                    (content, names, finish_reason),
+                    self.ask(reply, stream, finish), (content, names, finish_reason)
                 )
 
 
