@@ -6,6 +6,9 @@ import sys
 import unittest
 from unittest import mock
 
+import mlx.core as mx
+
+from mlx_lm.cache_prompt import main as cache_prompt_main
 from mlx_lm.chat import main as chat_main
 from mlx_lm.generate import main as generate_main
 from mlx_lm.generate import setup_arg_parser
@@ -50,9 +53,31 @@ class TestPositiveSizes(unittest.TestCase):
                     server_main, [], "--prompt-cache-bytes", value, reason
                 )
 
+    def test_kv_quantization_mlx_cannot_take_is_refused(self):
+        # Before: a server that answers every request with a 500, or an error
+        # from inside MLX once the cache reaches --quantized-kv-start.
+        commands = (
+            (generate_main, ["--prompt", "Hi"]),
+            (cache_prompt_main, ["--prompt", "Hi"]),
+            (server_main, []),
+        )
+        for option, value, group_size, bits in (
+            ("--kv-bits", "7", 64, 7),
+            ("--kv-group-size", "16", 16, 4),
+        ):
+            with self.assertRaises(ValueError) as mlx_error:
+                mx.quantize(mx.zeros((1, 64)), group_size=group_size, bits=bits)
+            reason = str(mlx_error.exception).removeprefix("[quantize] ")
+            for main, argv in commands:
+                with self.subTest(command=main.__module__, option=option):
+                    self.assertRefused(main, argv, option, value, reason)
+
     def test_valid_values_are_taken(self):
-        args = setup_arg_parser().parse_args(["--prefill-step-size", "1"])
+        args = setup_arg_parser().parse_args(
+            ["--prefill-step-size", "1", "--kv-bits", "3", "--kv-group-size", "32"]
+        )
         self.assertEqual(args.prefill_step_size, 1)
+        self.assertEqual((args.kv_bits, args.kv_group_size), (3, 32))
         self.assertEqual(_parse_size("1.5G"), 1_500_000_000)
         self.assertEqual(_parse_size("512MB"), 512_000_000)
         self.assertEqual(_parse_size("100"), 100)
