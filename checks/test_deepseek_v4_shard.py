@@ -221,6 +221,63 @@ with open({{out}}.format(group.rank()), "w") as f:
 """
 
 
+# A pipeline drafts as one process does: the MTP block (an oracle that keeps
+# many drafts) reads the last layer's streams, which the last stage holds;
+# DSpark taps layers of both stages.
+DRAFT_SCRIPT = """
+import json
+import sys
+
+import mlx.core as mx
+
+sys.path.insert(0, {tests!r})
+from test_deepseek_v4_dspark import PROMPT as DSPARK_PROMPT
+from test_deepseek_v4_dspark import make_model as make_dspark_model
+from test_deepseek_v4_mtp import PROMPT, Oracle, make_model
+
+from mlx_lm.generate import generate_step, speculative_generate_step
+
+group = mx.distributed.init(strict=True, backend="ring")
+
+
+def draft(model, prompt, k):
+    blocks = []
+    if isinstance(model, Oracle):
+        # What the real block drafts from the streams it reads.
+        model.check = lambda h, i, s, logits: blocks.append(
+            logits.argmax(-1).tolist()
+        )
+    steps = speculative_generate_step(
+        prompt, model, mtp=True, num_draft_tokens=k, max_tokens={tokens}
+    )
+    steps = [(int(t), bool(d)) for t, _, d in steps]
+    return {{
+        "tokens": [t for t, _ in steps],
+        "accepted": sum(d for _, d in steps),
+        "blocks": blocks,
+    }}
+
+
+results = {{}}
+mtp = make_model()
+dspark = make_dspark_model()
+cases = (("mtp", mtp, PROMPT, 3), ("dspark", dspark, DSPARK_PROMPT, 4))
+for name, model, prompt, k in cases:
+    plain = [int(t) for t, _ in generate_step(prompt, model, max_tokens={tokens})]
+    if name == "mtp":
+        model = Oracle(model, [prompt.tolist() + plain])
+    results[name] = {{"plain": plain, "one": draft(model, prompt, k)}}
+mtp.model.pipeline(group)
+dspark.model.pipeline(group)
+for name, model, prompt, k in cases:
+    if name == "mtp":
+        model = Oracle(model, [prompt.tolist() + results[name]["plain"]])
+    results[name]["pipeline"] = draft(model, prompt, k)
+with open({{out}}.format(group.rank()), "w") as f:
+    json.dump(results, f)
+"""
+
+
 def ring_command(test, ranks, *argv):
     """mlx.launch's command running this Python with argv on ranks processes
     of the ring backend on loopback; skips test where it cannot start."""
@@ -543,6 +600,17 @@ class TestDeepseekV4Pipeline(unittest.TestCase):
     def test_three_ranks_split_unevenly(self):
         # Fewer steps: three ranks share the cores of the machine.
         self.check_pipeline(3, {"pro": TINY_PRO_CONFIG}, steps=48)
+
+    def test_drafting_on_two_ranks_matches_one_process(self):
+        script = DRAFT_SCRIPT.format(tests=str(TESTS), tokens=PIPELINE_STEPS)
+        results = launch(self, script, 2)
+        for rank, result in enumerate(results):
+            for name, runs in result.items():
+                with self.subTest(name, rank=rank):
+                    self.assertEqual(runs["one"]["tokens"], runs["plain"])
+                    self.assertEqual(runs["pipeline"], runs["one"])
+        self.assertGreater(results[0]["mtp"]["one"]["accepted"], PIPELINE_STEPS // 3)
+        self.assertTrue(results[0]["mtp"]["one"]["blocks"])
 
     def test_sharded_load_generates_the_same_text(self):
         with tempfile.TemporaryDirectory() as tmp:
