@@ -55,9 +55,17 @@ class TestKVCacheChecks(unittest.TestCase):
             make_prompt_cache(model)
 
     def test_kv_bits_is_an_error_naming_the_option(self):
-        steps = generate_step(mx.array([3, 1, 4]), tiny_mamba(), kv_bits=4)
+        progress = []
+        steps = generate_step(
+            mx.array([3, 1, 4]),
+            tiny_mamba(),
+            kv_bits=4,
+            prompt_progress_callback=lambda *a: progress.append(a),
+        )
         with self.assertRaisesRegex(ValueError, r"kv_bits \(--kv-bits\) 4"):
             next(steps)
+        # Before any progress (mlx_lm.cache_prompt prints it).
+        self.assertEqual(progress, [])
 
     def test_kv_bits_still_quantizes_a_kv_cache(self):
         model = tiny_llama()
