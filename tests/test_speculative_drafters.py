@@ -120,6 +120,9 @@ class TestDrafters(unittest.TestCase):
         self.assertEqual(flags, ([True] * 3 + [False]) * 7 + [True] * 2)
         with self.assertRaisesRegex(ValueError, "needs a draft model"):
             run()
+        # A prompt cache of the target alone names what it lacks.
+        with self.assertRaisesRegex(ValueError, r"make_prompt_cache\(draft_model\)"):
+            run(draft_model=self.draft, prompt_cache=make_prompt_cache(self.model))
 
     def test_a_round_syncs_the_host_once(self):
         # The round's tokens and accepted count come back in one fetch; the

@@ -140,6 +140,15 @@ class DraftModelDrafter(Drafter):
     def make_cache(self):
         return make_prompt_cache(self.model)
 
+    def check_cache(self, model_cache, cache):
+        if len(cache) != len(self.make_cache()):
+            raise ValueError(
+                f"The prompt cache holds {len(cache)} entries after the model's "
+                f"{len(model_cache)}, where the draft model takes "
+                f"{len(self.make_cache())}: make it with make_prompt_cache(model) "
+                "+ make_prompt_cache(draft_model)."
+            )
+
     def _forward(self, cache, tokens):
         if tokens.shape[0] != 1:
             raise ValueError("A draft model drafts for one sequence at a time.")
