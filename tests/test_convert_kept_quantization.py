@@ -1,13 +1,16 @@
 # Copyright © 2026 Apple Inc.
 
 import contextlib
+import importlib
 import io
 import json
 import tempfile
 import unittest
 from pathlib import Path
+from unittest import mock
 
 import mlx.core as mx
+import mlx.nn as nn
 from mlx.utils import tree_flatten
 
 from mlx_lm.convert import convert
@@ -63,6 +66,30 @@ class TestConvertKeptQuantization(unittest.TestCase):
             out.getvalue(),
         )
         self.assertEqual(model.model.layers[0].self_attn.q_proj.bits, 4)
+
+    def test_a_quantized_layer_without_a_mode_is_named_by_its_class(self):
+        # As prism_hadamard_qwen35's HadamardQuantizedLinear: bits, scales and
+        # no mode.
+        class Packed(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.bits = 2
+                self.weight = mx.zeros((64, 8), mx.uint32)
+                self.scales = mx.zeros((64, 1))
+
+        def load_packed(*args, **kwargs):
+            model, *rest = load(*args, **kwargs)
+            model.model.layers[0].self_attn.q_proj = Packed()
+            return (model, *rest)
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = make_folder(Path(tmp) / "model")
+            # mlx_lm.convert (the module, which the function of its name hides).
+            module = importlib.import_module("mlx_lm.convert")
+            with mock.patch.object(module, "load", load_packed):
+                with contextlib.redirect_stdout(io.StringIO()) as out:
+                    convert(str(path), mlx_path=str(Path(tmp) / "q"), quantize=True)
+        self.assertIn("Layers already quantized (2-bit Packed)", out.getvalue())
 
 
 if __name__ == "__main__":
