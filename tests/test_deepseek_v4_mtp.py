@@ -230,6 +230,20 @@ def plain(model, prompt, max_tokens):
     return [(int(t), lp) for t, lp in steps]
 
 
+def check_drafts_give_plain_text(test, model, tokenizer, max_tokens, min_drafts):
+    """``mtp=True`` drafts through the block (more than ``min_drafts``
+    times) and gives the text of plain decoding."""
+    texts = []
+    with mock.patch.object(model, "mtp_draft", wraps=model.mtp_draft) as draft:
+        for mtp in (False, True):
+            steps = stream_generate(
+                model, tokenizer, "The quick", max_tokens=max_tokens, mtp=mtp
+            )
+            texts.append("".join(r.text for r in steps))
+    test.assertGreater(draft.call_count, min_drafts)
+    test.assertEqual(texts[0], texts[1])
+
+
 class TestMTPLoading(unittest.TestCase):
 
     def test_loaded_only_where_asked_for(self):
@@ -288,15 +302,7 @@ class TestMTPLoading(unittest.TestCase):
         self.assertEqual(block.attn.wo_a.bits, 3)
         # The tiny block's one projection of 64-column groups.
         self.assertEqual(model.mtp[0].attn.wo_a.bits, 4)
-        texts = []
-        with mock.patch.object(model, "mtp_draft", wraps=model.mtp_draft) as draft:
-            for mtp in (False, True):
-                steps = stream_generate(
-                    model, tokenizer, "The quick", max_tokens=20, mtp=mtp
-                )
-                texts.append("".join(r.text for r in steps))
-        self.assertGreater(draft.call_count, 10)
-        self.assertEqual(texts[0], texts[1])
+        check_drafts_give_plain_text(self, model, tokenizer, 20, 10)
 
     def test_fuse_keeps_the_block(self):
         # mlx_lm.fuse after mlx_lm.lora writes the block with the fused

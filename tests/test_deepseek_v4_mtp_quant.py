@@ -11,9 +11,8 @@ from pathlib import Path
 from unittest import mock
 
 import mlx.core as mx
-from test_deepseek_v4_mtp import CONFIG, make_model_folder
+from test_deepseek_v4_mtp import CONFIG, check_drafts_give_plain_text, make_model_folder
 
-from mlx_lm.generate import stream_generate
 from mlx_lm.quant import dynamic_quant, gptq
 from mlx_lm.utils import load
 
@@ -47,15 +46,7 @@ class TestQuantizersKeepTheBlock(unittest.TestCase):
             model, tokenizer = load(str(out), model_config={"mtp": True})
         self.assertEqual(len(model.mtp), 1)
         self.assertTrue(hasattr(model.mtp[0].attn.wq_a, "scales"))
-        texts = []
-        with mock.patch.object(model, "mtp_draft", wraps=model.mtp_draft) as draft:
-            for mtp in (False, True):
-                steps = stream_generate(
-                    model, tokenizer, "The quick", max_tokens=12, mtp=mtp
-                )
-                texts.append("".join(r.text for r in steps))
-        self.assertGreater(draft.call_count, 3)
-        self.assertEqual(texts[0], texts[1])
+        check_drafts_give_plain_text(self, model, tokenizer, 12, 3)
 
     def test_gptq(self):
         self.check(gptq, ["--group-size", "32", "--fallback-group-size", "32"])
