@@ -164,7 +164,8 @@ class TestMTPWeights(unittest.TestCase):
         with tempfile.TemporaryDirectory() as tmp:
             save_model(tmp, model)
             save_config(config, Path(tmp) / "config.json")
-            again, _ = load_model(Path(tmp))
+            # The config written leaves out the load switch: ask again.
+            again, _ = load_model(Path(tmp), model_config={"mtp": True})
         self.assertEqual(again.mtp[0].e_proj.bits, 8)
         cache, again_cache = model.make_cache(), again.make_cache()
         logits, h = model(PROMPT[None], cache, return_hidden=True)

@@ -326,8 +326,9 @@ class TestForkAssembly(unittest.TestCase):
             text = edited.read_text() + "\n# an edit in the dev tree\n"
             edited.write_text(text)
             self.assertEqual(fork._pending_edits(), [rel])
+            # Several PRs edit it: the edit names its PR.
             self.assertEqual(
-                fork.sync_patches(),
+                fork.sync_patches("deepseek-v4"),
                 ["wrote patches/deepseek-v4/tests/test_models.py.patch"],
             )
             # The upstream suite runs the patched file; export applies it.
