@@ -54,6 +54,8 @@ class TestServerRequests(ServerTestCase):
             ({"temperature": -1}, "temperature"),
             ({"top_p": 1.5}, "top_p"),
             ({"top_p": -0.1}, "top_p"),
+            ({"seed": -1}, "seed"),
+            ({"seed": 2**64}, "seed"),
         ]
         for fields, field in cases:
             with self.subTest(**fields):
