@@ -141,12 +141,12 @@ class DraftModelDrafter(Drafter):
         return make_prompt_cache(self.model)
 
     def check_cache(self, model_cache, cache):
-        if len(cache) != len(self.make_cache()):
+        entries = len(self.make_cache())
+        if len(cache) != entries:
             raise ValueError(
                 f"The prompt cache holds {len(cache)} entries after the model's "
-                f"{len(model_cache)}, where the draft model takes "
-                f"{len(self.make_cache())}: make it with make_prompt_cache(model) "
-                "+ make_prompt_cache(draft_model)."
+                f"{len(model_cache)}, where the draft model takes {entries}: make "
+                "it with make_prompt_cache(model) + make_prompt_cache(draft_model)."
             )
 
     def _forward(self, cache, tokens):
